@@ -1,0 +1,142 @@
+"""Where telemetry batches go: small exporters with `export` / `force_flush` / `shutdown`.
+
+Exporters run on the monitor's background thread, never in the training step. They must
+not raise: a failure is logged, counted in `failed_batches` and the batch is dropped (the
+collector issue adds a disk spool so that nothing is lost while the collector is down).
+`NullExporter` is the off switch, `InMemoryExporter` the one tests read back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Protocol
+
+from trainvitals.schema import BatchBuilder
+
+log = logging.getLogger(__name__)
+
+
+class Exporter(Protocol):
+    def export(self, batch: BatchBuilder) -> bool:
+        """Deliver one batch; True on success. Must not raise."""
+
+    def shutdown(self, timeout_s: float) -> None: ...
+
+
+class NullExporter:
+    """Monitoring off: accepts everything, keeps nothing."""
+
+    def export(self, batch: BatchBuilder) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float) -> None:
+        pass
+
+
+class InMemoryExporter:
+    """Keeps every batch as a dict (the decoded wire form), for tests and notebooks."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def export(self, batch: BatchBuilder) -> bool:
+        with self._lock:
+            self.batches.append(batch.to_dict())
+        return True
+
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        """All rows of `table` across batches, one dict per row."""
+        with self._lock:
+            out = []
+            for b in self.batches:
+                cols = b.get(table)
+                if cols:
+                    n = len(next(iter(cols.values())))
+                    out.extend({k: v[i] for k, v in cols.items()} for i in range(n))
+            return out
+
+    def shutdown(self, timeout_s: float) -> None:
+        pass
+
+
+class HttpExporter:
+    """POSTs JSON batches to a collector's ingest endpoint, with bounded retries."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+    ) -> None:
+        import httpx
+
+        self.url = url.rstrip("/") + "/api/v1/ingest"
+        headers = {"content-type": "application/json"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(timeout=timeout_s, headers=headers)
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.sent_batches = 0
+        self.failed_batches = 0
+
+    def export(self, batch: BatchBuilder) -> bool:
+        body = batch.to_json()
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._client.post(self.url, content=body)
+                if resp.status_code < 300:
+                    self.sent_batches += 1
+                    return True
+                if 400 <= resp.status_code < 500:
+                    # The collector rejected the batch itself: resending cannot help.
+                    log.error("collector rejected a batch (%s): %s", resp.status_code, resp.text)
+                    break
+                log.warning("collector answered %s; retrying", resp.status_code)
+            except Exception as e:  # network errors of every kind: never into training
+                log.warning("export to %s failed (%s); attempt %d", self.url, e, attempt + 1)
+            time.sleep(self.backoff_s * 2**attempt)
+        self.failed_batches += 1
+        return False
+
+    def shutdown(self, timeout_s: float) -> None:
+        self._client.close()
+
+
+class JsonlExporter:
+    """Appends each batch as one JSON line to a file: an offline record of the run."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = open(path, "ab")  # noqa: SIM115 - held open for the run's lifetime
+
+    def export(self, batch: BatchBuilder) -> bool:
+        try:
+            self._file.write(batch.to_json() + b"\n")
+            self._file.flush()
+            return True
+        except OSError as e:
+            log.error("cannot write telemetry to %s: %s", self.path, e)
+            return False
+
+    def shutdown(self, timeout_s: float) -> None:
+        self._file.close()
+
+
+class MultiExporter:
+    """Sends every batch to each of several exporters."""
+
+    def __init__(self, exporters: list[Exporter]) -> None:
+        self.exporters = exporters
+
+    def export(self, batch: BatchBuilder) -> bool:
+        return all([e.export(batch) for e in self.exporters])
+
+    def shutdown(self, timeout_s: float) -> None:
+        for e in self.exporters:
+            e.shutdown(timeout_s)

@@ -1,0 +1,88 @@
+"""Which parameters and activations make up each "layer", and how to weight their shards.
+
+A layer is a top-level child module of the model that holds parameters, with ModuleLists
+expanded into their items: for the reference trainer that gives
+`tok_embeddings, layers.0, ..., layers.N-1, norm, output`.
+
+Statistics are computed on local shards and summed over every rank with one collective.
+A shard that is *replicated* over a mesh dimension appears on each rank of that dimension,
+so its contribution is weighted by 1 / (size of that dimension): summed over the ranks it
+then counts exactly once. Sharded placements (FSDP's Shard(0), tensor parallelism's
+Shard(0/1), strided shards) partition the tensor and get weight 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+
+@dataclass(frozen=True)
+class LayerMap:
+    names: list[str]
+    modules: list[nn.Module]
+    # For each parameter (in model.parameters() order): its layer index.
+    param_layer: list[int]
+
+
+def find_layers(model: nn.Module) -> LayerMap:
+    names: list[str] = []
+    modules: list[nn.Module] = []
+    for child_name, child in model.named_children():
+        items = (
+            [(f"{child_name}.{i}", m) for i, m in enumerate(child)]
+            if isinstance(child, nn.ModuleList)
+            else [(child_name, child)]
+        )
+        for name, module in items:
+            if any(True for _ in module.parameters()):
+                names.append(name)
+                modules.append(module)
+    layer_of = {id(p): i for i, m in enumerate(modules) for p in m.parameters()}
+    orphans = [n for n, p in model.named_parameters() if id(p) not in layer_of]
+    if orphans:
+        # Parameters held directly by the root: give them a layer of their own.
+        names.append("root")
+        modules.append(model)
+        layer_of.update({id(p): len(names) - 1 for p in model.parameters() if id(p) not in layer_of})
+    return LayerMap(names, modules, [layer_of[id(p)] for p in model.parameters()])
+
+
+def replication_weight(t: torch.Tensor) -> float:
+    """1 / (number of ranks holding an identical copy of this tensor's local shard)."""
+    if not isinstance(t, DTensor):
+        return 1.0
+    copies = 1
+    for dim, placement in enumerate(t.placements):
+        if placement.is_replicate():
+            copies *= t.device_mesh.size(dim)
+        elif placement.is_partial():
+            # A partial tensor's local values are addends, not copies: its norm is not
+            # the norm of the whole. Callers must not see one (FSDP reduces gradients).
+            raise ValueError(f"cannot take a norm of a Partial DTensor ({t.placements})")
+    return 1.0 / copies
+
+
+def plain_activation_weight(mesh: DeviceMesh | None, replicated_dims: tuple[str, ...]) -> float:
+    """Weight of a plain-tensor activation, identical on every rank along `replicated_dims`.
+
+    Without sequence parallelism a tensor-parallel block hands back the same activations on
+    every rank of its tp group (RowwiseParallel ends in an all-reduce), so each copy counts
+    1/tp.
+    """
+    if mesh is None:
+        return 1.0
+    names = mesh.mesh_dim_names or ()
+    copies = 1
+    for dim in replicated_dims:
+        if dim in names:
+            copies *= mesh.size(names.index(dim))
+    return 1.0 / copies
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t

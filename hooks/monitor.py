@@ -1,0 +1,300 @@
+"""The monitor: the whole footprint of trainvitals in a training script.
+
+    monitor = attach(model, mesh, collector_url="http://127.0.0.1:8000")
+    for step in range(steps):
+        loss = loss_fn(model(x), y); loss.backward()
+        monitor.step(loss=loss, tokens=x.numel(), lr=sched.get_last_lr()[0])
+        clip_grad_norm_(...); opt.step(); opt.zero_grad()
+    monitor.close()
+
+Call `step` after `backward` and before clipping and `zero_grad`: it reads the gradients as
+backward left them, so per-layer and global gradient norms are the unclipped ones.
+
+The hot path never waits for the device or the network. On a logged step the statistics
+are packed into one device vector (records.VectorLayout), reduced with one asynchronous
+all-reduce on a process group of the monitor's own, copied to pinned host memory without
+blocking, and handed to a background thread that waits for them, builds the records and
+exports them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from trainvitals.schema import BatchBuilder
+
+from .exporter import Exporter, HttpExporter, NullExporter
+from .flops import peak_flops
+from .layers import find_layers, local, plain_activation_weight, replication_weight
+from .records import StepMeta, VectorLayout, append_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MonitorConfig:
+    """Settings of a monitor. Every field has a default that suits a first run."""
+
+    run_id: str = ""  # empty: a fresh id, agreed by all ranks
+    log_every: int = 1  # steps between logged steps
+    export_interval_s: float = 1.0  # rank 0 sends a batch at most this often
+    queue_size: int = 1024  # logged steps waiting for export; more are counted and dropped
+    flops_per_token: float | None = None  # None: 6 x non-embedding params (no attention term)
+    peak_flops_per_s: float | None = None  # None: from the device table or measured on CPU
+    model_name: str = ""
+    model_config: dict[str, Any] = field(default_factory=dict)
+    # Mesh dims along which a block's plain-tensor output is identical (see layers.py).
+    activation_replicated_dims: tuple[str, ...] = ("tp",)
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1:
+            raise ValueError(f"MonitorConfig.log_every must be >= 1, got {self.log_every}")
+        if self.export_interval_s <= 0:
+            raise ValueError("MonitorConfig.export_interval_s must be > 0")
+        if self.queue_size < 1:
+            raise ValueError("MonitorConfig.queue_size must be >= 1")
+        if self.flops_per_token is not None and self.flops_per_token <= 0:
+            raise ValueError("MonitorConfig.flops_per_token must be > 0")
+
+
+@dataclass
+class _Pending:
+    """A logged step in flight: `wait()` returns once `values` holds the reduced vector."""
+
+    meta: StepMeta
+    values: torch.Tensor
+    wait: Callable[[], Any]
+
+
+_STOP = object()
+
+
+def attach(
+    model: nn.Module,
+    mesh: DeviceMesh | None = None,
+    *,
+    collector_url: str | None = None,
+    exporter: Exporter | None = None,
+    **config: Any,
+) -> Monitor:
+    """Start monitoring `model` (sharded over `mesh`, or None for a single process).
+
+    Telemetry goes to `exporter`, else to the collector at `collector_url`, else nowhere.
+    Keyword arguments are MonitorConfig fields. Collective: every rank must call it.
+    """
+    if exporter is None:
+        exporter = HttpExporter(collector_url) if collector_url else NullExporter()
+    return Monitor(model, mesh, exporter, MonitorConfig(**config))
+
+
+class Monitor:
+    def __init__(
+        self, model: nn.Module, mesh: DeviceMesh | None, exporter: Exporter, cfg: MonitorConfig
+    ) -> None:
+        self.cfg = cfg
+        self.exporter = exporter
+        self.mesh = mesh
+        self.distributed = mesh is not None and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        # A group of our own: our all-reduce never queues behind (or blocks) FSDP's.
+        self._group = dist.new_group() if self.distributed else None
+
+        self.params = list(model.parameters())
+        self.layers = find_layers(model)
+        self.device = local(self.params[0]).device
+        self.layout = VectorLayout(len(self.layers.names), self.world_size)
+        self._param_weight = torch.tensor(
+            [replication_weight(p) for p in self.params], dtype=torch.float64, device=self.device
+        )
+        self._param_layer = torch.tensor(self.layers.param_layer, device=self.device)
+        self._plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
+
+        self.step_count = 0
+        self.dropped_steps = 0
+        self._active = True  # is the step now running a logged one?
+        self._reset_activations()
+        self._handles = [
+            m.register_forward_hook(self._activation_hook(i)) for i, m in enumerate(self.layers.modules)
+        ]
+
+        run_meta = self._run_metadata(model)  # collective
+        self.run_id = run_meta["run_id"]
+        self.flops_per_token = run_meta["flops_per_token"]
+        self.peak_flops_per_s = run_meta["peak_flops_per_s"]
+        self._queue: queue.Queue = queue.Queue(maxsize=cfg.queue_size)
+        self._thread = threading.Thread(
+            target=self._export_loop, args=(run_meta,), name="trainvitals-export", daemon=True
+        )
+        self._thread.start()
+        self._last_step_end = time.perf_counter()
+
+    # ------------------------------------------------------------------ set-up (may sync)
+
+    def _run_metadata(self, model: nn.Module) -> dict[str, Any]:
+        n_params = sum(p.numel() for p in self.params)  # DTensor.numel() is the global size
+        embed = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters())
+        fpt = self.cfg.flops_per_token or 6.0 * (n_params - embed)
+        peak, source = (0.0, "") if self.rank else peak_flops(self.device, self.cfg.peak_flops_per_s)
+        shared = {"run_id": self.cfg.run_id or uuid.uuid4().hex[:12], "host": socket.gethostname()}
+        gathered = [shared]
+        if self.distributed:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, shared, group=self._group)  # sync point: once, at attach
+        sizes = {}
+        if self.mesh is not None:
+            sizes = {n: self.mesh.size(i) for i, n in enumerate(self.mesh.mesh_dim_names or ())}
+        device_name = (
+            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        )
+        return {
+            "run_id": gathered[0]["run_id"],  # rank 0's id, so every rank agrees
+            "started_unix_s": time.time(),
+            "model": self.cfg.model_name or type(model).__name__,
+            "model_config_json": json.dumps(self.cfg.model_config),
+            "n_params": n_params,
+            "n_layers": len(self.layers.names),
+            "layer_names_json": json.dumps(self.layers.names),
+            "world_size": self.world_size,
+            "dp": sizes.get("dp", 1),
+            "tp": sizes.get("tp", 1),
+            "device_type": self.device.type,
+            "device_name": device_name,
+            "hosts_json": json.dumps([g["host"] for g in gathered]),
+            "flops_per_token": float(fpt),
+            "peak_flops_per_s": peak,
+            "peak_flops_source": source,
+        }
+
+    # ------------------------------------------------------------------ hot path (no sync)
+
+    def _reset_activations(self) -> None:
+        n = len(self.layers.names)
+        self._act_sumsq = torch.zeros(n, dtype=torch.float64, device=self.device)
+        self._act_count = [0.0] * n  # element counts are known on the host
+
+    def _activation_hook(self, index: int) -> Callable:
+        def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            if not self._active:
+                return
+            out = output[0] if isinstance(output, tuple) else output
+            weight = replication_weight(out) if out is not local(out) else self._plain_weight
+            out = local(out).detach()
+            sumsq = torch.linalg.vector_norm(out, dtype=torch.float32).double().square()
+            self._act_sumsq[index] += sumsq * weight
+            self._act_count[index] += out.numel() * weight
+
+        return hook
+
+    def _grad_sumsq(self) -> torch.Tensor:
+        """Per-layer sums of squared gradients of the local shards, replication-weighted."""
+        have = [i for i, p in enumerate(self.params) if p.grad is not None]
+        out = torch.zeros(self.layout.n_layers, dtype=torch.float64, device=self.device)
+        if not have:
+            return out
+        norms = torch._foreach_norm([local(self.params[i].grad) for i in have], 2, dtype=torch.float32)
+        idx = torch.tensor(have, device=self.device)
+        sq = torch.stack(norms).double().square() * self._param_weight[idx]
+        return out.index_add_(0, self._param_layer[idx], sq)
+
+    def step(self, loss: torch.Tensor, tokens: int, lr: float | None = None) -> None:
+        """Mark the end of a training step. Never waits for the device or the network.
+
+        loss: this rank's loss tensor (on the device; not read here). tokens: tokens this
+        rank processed in the step. lr: the learning rate the step used, if known.
+        """
+        now = time.perf_counter()
+        step_time_s, self._last_step_end = now - self._last_step_end, now
+        if self._active:
+            self._launch(loss, tokens, lr, step_time_s)
+        self.step_count += 1
+        self._active = self.step_count % self.cfg.log_every == 0
+        self._reset_activations()
+
+    def _launch(self, loss: torch.Tensor, tokens: int, lr: float | None, step_time_s: float) -> None:
+        pin = self.device.type == "cuda"
+        w = self._plain_weight  # the loss and token count are replicated like activations
+        host = torch.tensor([*self._act_count, tokens * w, step_time_s, tokens], dtype=torch.float64)
+        host = (host.pin_memory() if pin else host).to(self.device, non_blocking=True)
+        n = self.layout.n_layers
+        loss = loss.detach().double().reshape(1)
+        slots = torch.zeros(self.world_size, 3, dtype=torch.float64, device=self.device)
+        slots[self.rank] = torch.cat([host[n + 1 : n + 3], loss])
+        vec = torch.cat(
+            [self._grad_sumsq(), self._act_sumsq, host[:n], loss * (tokens * w), host[n : n + 1], slots.flatten()]
+        )
+        wait = _no_wait
+        if self.distributed:
+            work = dist.all_reduce(vec, group=self._group, async_op=True)
+            wait = work.wait
+        if pin:
+            wait()  # on CUDA this orders our stream after the collective; the host does not block
+            vec = vec.to("cpu", non_blocking=True)  # into pinned memory
+            ready = torch.cuda.Event()
+            ready.record()
+            wait = ready.synchronize
+        meta = StepMeta(self.step_count, lr, self.flops_per_token, self.peak_flops_per_s)
+        try:
+            self._queue.put_nowait(_Pending(meta, vec, wait))
+        except queue.Full:
+            self.dropped_steps += 1  # exported as a counter; training never blocks on us
+
+    # ------------------------------------------------------------------ background thread
+
+    def _export_loop(self, run_meta: dict[str, Any]) -> None:
+        builder = BatchBuilder(self.run_id)
+        if self.rank == 0:
+            builder.append("runs", **{k: v for k, v in run_meta.items() if k != "run_id"})
+        last_flush = time.monotonic()
+        while True:
+            try:
+                item = self._queue.get(timeout=self.cfg.export_interval_s)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                break
+            if item is not None:
+                item.wait()  # the background thread, not training, waits for the device
+                if self.rank == 0:
+                    append_step(builder, self.layout, item.values.numpy(), item.meta)
+            if len(builder) and time.monotonic() - last_flush >= self.cfg.export_interval_s:
+                self._export(builder)
+                builder, last_flush = BatchBuilder(self.run_id), time.monotonic()
+        if len(builder):
+            self._export(builder)
+
+    def _export(self, builder: BatchBuilder) -> None:
+        try:
+            self.exporter.export(builder)
+        except Exception:  # an exporter must not raise; if one does, training goes on
+            log.exception("trainvitals exporter failed")
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush what is pending and stop the background thread. Call on every rank."""
+        for h in self._handles:
+            h.remove()
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("trainvitals export thread did not finish within %.0f s", timeout_s)
+        self.exporter.shutdown(timeout_s)
+
+
+def _no_wait() -> None:
+    pass
+

@@ -1,0 +1,73 @@
+"""The reference trainer's settings: one dataclass, and CLI flags that mirror it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+from .model import PRESETS
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "tiny"
+    steps: int = 200
+    dp: int = 1  # data-parallel (FSDP) degree
+    tp: int = 1  # tensor-parallel degree
+    global_batch: int = 8  # sequences per step, over all data-parallel ranks
+    seq_len: int = 0  # 0: the preset's max_seq_len
+    lr: float = 3e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "auto"  # auto: cuda when available, else cpu
+    corpus_bytes: int = 2_000_000
+    collector: str = ""  # collector base URL; empty: no HTTP export
+    telemetry_file: str = ""  # also append every telemetry batch to this JSON-lines file
+    run_id: str = ""
+    log_every: int = 1
+    peak_flops_per_s: float = 0.0  # 0: from the device table or measured
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"TrainConfig.preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+        for name in ("steps", "dp", "tp", "global_batch", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.global_batch % self.dp:
+            raise ValueError(
+                f"TrainConfig.global_batch ({self.global_batch}) must be divisible by dp ({self.dp})"
+            )
+        if self.seq_len < 0 or self.seq_len > PRESETS[self.preset].max_seq_len:
+            raise ValueError(
+                f"TrainConfig.seq_len must be in [0, {PRESETS[self.preset].max_seq_len}] "
+                f"for preset {self.preset!r}, got {self.seq_len}"
+            )
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"TrainConfig.device must be auto, cpu or cuda, got {self.device!r}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(f"TrainConfig.warmup_steps must be in [0, steps], got {self.warmup_steps}")
+        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("TrainConfig: lr must be > 0 and min_lr_ratio in [0, 1]")
+        if self.collector and not self.collector.startswith(("http://", "https://")):
+            raise ValueError(f"TrainConfig.collector must be an http(s) URL, got {self.collector!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field: --global-batch for global_batch, and so on."""
+    for f in dataclasses.fields(TrainConfig):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, dest=f.name
+        )
+
+
+def from_args(args: argparse.Namespace) -> TrainConfig:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})

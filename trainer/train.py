@@ -1,0 +1,130 @@
+"""The reference trainer: a Llama-style model on FSDP2 x TP, monitored by trainvitals.
+
+Runs under torchrun (`torchrun --nproc-per-node 4 -m trainvitals.trainer.train --dp 2 --tp 2`)
+or as a single process without any parallelism (the exactness reference). Reads top to
+bottom: set-up, model, optimizer, data, monitor, loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from trainvitals.hooks import attach
+from trainvitals.hooks.exporter import HttpExporter, JsonlExporter, MultiExporter, NullExporter
+from trainvitals.hooks.flops import flops_per_token
+
+from .config import TrainConfig, add_arguments, from_args
+from .data import ByteBatches, generate_corpus
+from .model import PRESETS, Transformer
+from .parallel import build_mesh, parallelize
+
+
+def cosine_with_warmup(cfg: TrainConfig):
+    """LR multiplier: linear warm-up to 1, then cosine decay to min_lr_ratio at the last step."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def clip_grad_norm_(params: list[torch.nn.Parameter], max_norm: float) -> None:
+    """Clip by the global norm; with DTensor gradients the norm is made whole first."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+
+
+def make_exporter(cfg: TrainConfig, rank: int):
+    exporters = []
+    if cfg.collector:
+        exporters.append(HttpExporter(cfg.collector))
+    if cfg.telemetry_file and rank == 0:
+        exporters.append(JsonlExporter(cfg.telemetry_file))
+    return MultiExporter(exporters) if exporters else NullExporter()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="trainvitals.trainer.train", description=__doc__)
+    add_arguments(parser)
+    cfg = from_args(parser.parse_args(argv))
+
+    distributed = "WORLD_SIZE" in os.environ
+    device_type = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    mesh, rank, dp_rank = None, 0, 0
+    if distributed:
+        if int(os.environ["WORLD_SIZE"]) != cfg.world_size:
+            sys.exit(f"error: torchrun started {os.environ['WORLD_SIZE']} ranks but dp x tp = {cfg.world_size}")
+        if device_type == "cuda":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        mesh = build_mesh(device_type, cfg.dp, cfg.tp)
+        rank, dp_rank = dist.get_rank(), mesh["dp"].get_local_rank()
+    elif cfg.world_size != 1:
+        sys.exit(f"error: dp x tp = {cfg.world_size} needs torchrun (or `trainvitals train --nproc`)")
+    device = torch.device(device_type, torch.cuda.current_device() if device_type == "cuda" else None)
+
+    # Every rank builds the same full model from the same seed; parallelize() then keeps its shards.
+    torch.manual_seed(cfg.seed)
+    model_cfg = PRESETS[cfg.preset]
+    seq_len = cfg.seq_len or model_cfg.max_seq_len
+    model = Transformer(model_cfg).to(device)
+    n_embedding = model.tok_embeddings.weight.numel()
+    if mesh is not None:
+        parallelize(model, mesh)
+    params = list(model.parameters())
+
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg))
+    batches = ByteBatches(generate_corpus(cfg.corpus_bytes, cfg.seed), seq_len, cfg.global_batch, cfg.seed)
+
+    monitor = attach(
+        model,
+        mesh,
+        exporter=make_exporter(cfg, rank),
+        run_id=cfg.run_id,
+        log_every=cfg.log_every,
+        model_name=f"llama-{cfg.preset}",
+        model_config={**model_cfg.to_dict(), "seq_len": seq_len},
+        flops_per_token=flops_per_token(
+            model.num_params(), n_embedding, model_cfg.n_layers,
+            model_cfg.n_heads, model_cfg.head_dim, seq_len,
+        ),
+        peak_flops_per_s=cfg.peak_flops_per_s or None,
+    )
+    if rank == 0:
+        print(f"run {monitor.run_id}: llama-{cfg.preset}, dp={cfg.dp} tp={cfg.tp}, {cfg.steps} steps", flush=True)
+
+    for step in range(cfg.steps):
+        inputs, targets = (t.to(device) for t in batches.next(dp_rank, cfg.dp))
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        monitor.step(loss=loss, tokens=targets.numel(), lr=scheduler.get_last_lr()[0])
+        clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if rank == 0 and (step % 50 == 0 or step == cfg.steps - 1):
+            print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)  # .item() is a sync point
+
+    monitor.close()
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

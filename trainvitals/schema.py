@@ -1,0 +1,281 @@
+"""The wire and storage schema shared by the hooks (producer) and the collector (consumer).
+
+Telemetry travels as a versioned *batch*: one JSON object holding, per table, a struct of
+arrays (one list per column) rather than one object per point. Columnar batches are what
+make ingest fast: the collector turns each column into an Arrow array in one call and
+appends whole tables to DuckDB.
+
+    {"schema_version": 1, "run_id": "r1",
+     "steps":  {"step": [10, 11], "loss": [2.31, 2.29], ...},
+     "layers": {"step": [10, 10], "layer": [0, 1], "grad_norm": [...], ...}}
+
+Every table and field is declared once, below. The DuckDB tables, the validation of
+incoming batches and the producers' builders are all derived from these declarations, so
+adding a field is a one-place change: append a `Field(...)` to its table. A field added
+after version 1 must be optional (`required=False`) so that older producers stay valid;
+stores created before it gain the column on their next open.
+
+Names carry units: `_s` seconds, `_per_s` per second, `_ratio` a dimensionless fraction,
+`_unix_s` seconds since the Unix epoch, `flops` floating-point operations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+
+# Non-finite floats are legal values of some fields (a NaN loss is exactly what the
+# analyzer must see), but JSON has no literal for them: they travel as these strings.
+_NONFINITE_TO_WIRE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+_WIRE_TO_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+# Schema dtype -> (DuckDB type, pyarrow type name). Kept to the few types telemetry needs.
+DTYPES = {
+    "int64": ("BIGINT", "int64"),
+    "float64": ("DOUBLE", "float64"),
+    "string": ("VARCHAR", "string"),
+}
+
+
+class SchemaError(ValueError):
+    """A batch does not match the schema. The message names the table and field."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One column. `finite` forbids NaN/inf; `required` fields must be present and non-null."""
+
+    name: str
+    dtype: str
+    doc: str
+    required: bool = True
+    finite: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Field {self.name}: dtype must be one of {sorted(DTYPES)}")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A telemetry table. `key` fields identify a record, so a resend is never a duplicate."""
+
+    name: str
+    key: tuple[str, ...]
+    fields: tuple[Field, ...]
+    doc: str = ""
+    by_name: dict[str, Field] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_name", {f.name: f for f in self.fields})
+        missing = [k for k in self.key if k != "run_id" and k not in self.by_name]
+        assert not missing, f"table {self.name}: key fields {missing} are not declared"
+
+
+RUNS = Table(
+    "runs",
+    key=("run_id",),
+    doc="One row per run: what was trained, on what, laid out how.",
+    fields=(
+        Field("started_unix_s", "float64", "wall-clock start of the run"),
+        Field("model", "string", "model name or preset, e.g. 'llama-tiny'"),
+        Field("model_config_json", "string", "the model's configuration as a JSON object"),
+        Field("n_params", "int64", "parameter count of the whole (unsharded) model"),
+        Field("n_layers", "int64", "number of entries in layer_names_json"),
+        Field("layer_names_json", "string", "JSON list: name of layer index 0, 1, ..."),
+        Field("world_size", "int64", "number of ranks"),
+        Field("dp", "int64", "data-parallel degree (FSDP)"),
+        Field("tp", "int64", "tensor-parallel degree"),
+        Field("device_type", "string", "'cuda', 'cpu', ..."),
+        Field("device_name", "string", "e.g. 'NVIDIA H100 80GB HBM3'"),
+        Field("hosts_json", "string", "JSON list: host name of rank 0, 1, ..."),
+        Field("flops_per_token", "float64", "training FLOPs per token (see hooks/flops.py)"),
+        Field("peak_flops_per_s", "float64", "peak FLOP/s of one device; NaN if unknown", finite=False),
+        Field("peak_flops_source", "string", "where peak_flops_per_s came from"),
+    ),
+)
+
+STEPS = Table(
+    "steps",
+    key=("run_id", "step"),
+    doc="One row per logged optimizer step: global quantities of the whole job.",
+    fields=(
+        Field("step", "int64", "optimizer step, counted from 0"),
+        Field("time_unix_s", "float64", "when rank 0 finished the step"),
+        Field("loss", "float64", "token-weighted mean training loss", finite=False),
+        Field("grad_norm", "float64", "global L2 norm of all gradients, before clipping", finite=False),
+        Field("lr", "float64", "learning rate used by the step", required=False),
+        Field("tokens", "int64", "tokens processed by the whole job in this step"),
+        Field("step_time_s", "float64", "wall time of the step on the slowest rank"),
+        Field("tokens_per_s", "float64", "tokens / step_time_s"),
+        Field("tflops_per_s_per_device", "float64", "achieved model TFLOP/s of one device"),
+        Field("mfu_ratio", "float64", "achieved / peak FLOP/s; NaN if peak unknown", finite=False),
+    ),
+)
+
+LAYERS = Table(
+    "layers",
+    key=("run_id", "step", "layer"),
+    doc="One row per (logged step, layer): global per-layer statistics, reduced in-job.",
+    fields=(
+        Field("step", "int64", "optimizer step"),
+        Field("layer", "int64", "index into the run's layer_names_json"),
+        Field("grad_norm", "float64", "L2 norm of the layer's gradients", finite=False),
+        Field("act_rms", "float64", "RMS of the layer's output activations", finite=False),
+    ),
+)
+
+RANKS = Table(
+    "ranks",
+    key=("run_id", "step", "rank"),
+    doc="One row per (logged step, rank): what each rank saw locally.",
+    fields=(
+        Field("step", "int64", "optimizer step"),
+        Field("rank", "int64", "global rank"),
+        Field("step_time_s", "float64", "wall time between this rank's step boundaries"),
+        Field("tokens_per_s", "float64", "this rank's tokens / step_time_s"),
+        Field("loss", "float64", "this rank's local loss", finite=False),
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (RUNS, STEPS, LAYERS, RANKS)}
+
+
+def _to_wire(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NONFINITE_TO_WIRE[repr(value)]
+    return value
+
+
+class BatchBuilder:
+    """Producer side: accumulate rows per table, encode one columnar batch.
+
+    >>> b = BatchBuilder("run-1")
+    >>> b.append("ranks", step=0, rank=0, step_time_s=0.5, tokens_per_s=100.0, loss=2.0)
+    >>> b.to_json()[:40]
+    b'{"schema_version":1,"run_id":"run-1","ra'
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._columns: dict[str, dict[str, list[Any]]] = {}
+
+    def append(self, table: str, **values: Any) -> None:
+        spec = TABLES[table]
+        unknown = set(values) - set(spec.by_name)
+        if unknown:
+            raise SchemaError(f"{table}: unknown fields {sorted(unknown)}")
+        cols = self._columns.setdefault(table, {f.name: [] for f in spec.fields})
+        for f in spec.fields:
+            cols[f.name].append(_to_wire(values.get(f.name)))
+
+    def __len__(self) -> int:
+        return sum(len(next(iter(c.values()))) for c in self._columns.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "run_id": self.run_id, **self._columns}
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+
+# ---------------------------------------------------------------------------- consumer side
+
+
+def ddl(table: Table) -> str:
+    """CREATE TABLE statement for DuckDB, derived from the declaration."""
+    cols = ["run_id VARCHAR NOT NULL"]
+    for f in table.fields:
+        null = " NOT NULL" if f.required else ""
+        cols.append(f"{f.name} {DTYPES[f.dtype][0]}{null}")
+    cols.append(f"PRIMARY KEY ({', '.join(table.key)})")
+    return f"CREATE TABLE IF NOT EXISTS {table.name} (\n  " + ",\n  ".join(cols) + "\n)"
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    """Parse a JSON batch body. Raises SchemaError with a message a sender can act on."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise SchemaError(f"body is not valid JSON: {e}") from e
+    return doc
+
+
+def to_arrow(doc: Any) -> tuple[str, dict[str, Any]]:
+    """Validate a decoded batch and convert it to one pyarrow.Table per table present.
+
+    Either the whole batch is valid and every table converts, or SchemaError is raised
+    and nothing is returned: a receiver that stores only what this returns stores nothing
+    half-way. Returns (run_id, {table name: pyarrow.Table with a run_id column first}).
+    """
+    import pyarrow as pa
+
+    if not isinstance(doc, dict):
+        raise SchemaError("batch must be a JSON object")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(
+            f"schema_version {version!r} is not supported; this collector speaks {SCHEMA_VERSION}"
+        )
+    run_id = doc.get("run_id")
+    if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
+        raise SchemaError("run_id must be a non-empty string of at most 200 characters")
+    unknown = set(doc) - {"schema_version", "run_id"} - set(TABLES)
+    if unknown:
+        raise SchemaError(f"unknown tables {sorted(unknown)}; known: {sorted(TABLES)}")
+    out = {}
+    for name, spec in TABLES.items():
+        if name in doc:
+            out[name] = _table_to_arrow(spec, doc[name], run_id, pa)
+    if not out:
+        raise SchemaError(f"batch holds no table; expected one of {sorted(TABLES)}")
+    return run_id, out
+
+
+def _table_to_arrow(spec: Table, columns: Any, run_id: str, pa: Any) -> Any:
+    if not isinstance(columns, dict):
+        raise SchemaError(f"{spec.name}: must be an object of column name -> list")
+    unknown = set(columns) - set(spec.by_name)
+    if unknown:
+        raise SchemaError(f"{spec.name}: unknown fields {sorted(unknown)}")
+    lengths = {k: len(v) for k, v in columns.items() if isinstance(v, list)}
+    not_lists = [k for k, v in columns.items() if not isinstance(v, list)]
+    if not_lists:
+        raise SchemaError(f"{spec.name}.{not_lists[0]}: must be a list")
+    if len(set(lengths.values())) > 1:
+        raise SchemaError(f"{spec.name}: columns have different lengths {lengths}")
+    n_rows = next(iter(lengths.values()), 0)
+    arrays = [pa.array([run_id] * n_rows, type=pa.string())]
+    for f in spec.fields:
+        arrays.append(_column_to_arrow(spec.name, f, columns.get(f.name), n_rows, pa))
+    names = ["run_id", *(f.name for f in spec.fields)]
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def _column_to_arrow(table: str, f: Field, values: list | None, n_rows: int, pa: Any) -> Any:
+    where = f"{table}.{f.name}"
+    if values is None:
+        if f.required:
+            raise SchemaError(f"{where}: required field is missing")
+        values = [None] * n_rows
+    if f.dtype == "float64" and not f.finite:
+        values = [_WIRE_TO_NONFINITE.get(v, v) if isinstance(v, str) else v for v in values]
+    if f.dtype in ("int64", "float64") and any(isinstance(v, bool) for v in values):
+        raise SchemaError(f"{where}: expected {f.dtype}, got a boolean")
+    try:
+        arr = pa.array(values, type=DTYPES[f.dtype][1])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        raise SchemaError(f"{where}: expected {f.dtype} values ({e})") from e
+    if f.required and arr.null_count:
+        raise SchemaError(f"{where}: required field has null values")
+    if f.dtype == "float64" and f.finite:
+        import pyarrow.compute as pc
+
+        if not pc.all(pc.is_finite(arr.fill_null(0.0))).as_py():
+            raise SchemaError(f"{where}: values must be finite numbers")
+    return arr
