@@ -143,7 +143,28 @@ RANKS = Table(
     ),
 )
 
+# Tables a producer may send.
 TABLES: dict[str, Table] = {t.name: t for t in (RUNS, STEPS, LAYERS, RANKS)}
+
+ALERTS = Table(
+    "alerts",
+    key=("run_id", "kind", "step"),
+    doc="Written by the analyzer, never ingested: one row per detected event.",
+    fields=(
+        Field("step", "int64", "step at which the event was detected"),
+        Field("kind", "string", "detector name, e.g. 'loss_spike', 'nonfinite'"),
+        Field("severity", "string", "'warning' or 'critical'"),
+        Field("message", "string", "what happened, for a person on call"),
+        Field("value", "float64", "the observed value", required=False, finite=False),
+        Field("baseline", "float64", "what the detector expected", required=False, finite=False),
+        Field("rank", "int64", "rank named as the culprit, if any", required=False),
+        Field("layer", "int64", "layer named as the culprit, if any", required=False),
+        Field("time_unix_s", "float64", "wall-clock time of the step, from the telemetry"),
+    ),
+)
+
+# Every table of a store, in creation order.
+STORE_TABLES: dict[str, Table] = {**TABLES, "alerts": ALERTS}
 
 
 def _to_wire(value: Any) -> Any:

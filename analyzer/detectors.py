@@ -1,0 +1,132 @@
+"""Streaming detectors: explicit state, O(window) work per step, no I/O.
+
+Each detector sees one logged step at a time, in step order, through `observe(step)`, and
+returns the alerts that step raises. The same objects run live in the collector and over a
+stored run, which is what makes a replay reproduce the live alerts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .alerts import Alert
+
+
+@dataclass(frozen=True)
+class StepView:
+    """The slice of one logged step that detectors read."""
+
+    run_id: str
+    step: int
+    time_unix_s: float
+    loss: float
+    grad_norm: float
+    # Per-layer gradient norms in layer order, when the step carried them.
+    layer_grad_norms: tuple[float, ...] = ()
+
+
+class NonFiniteDetector:
+    """A NaN or infinite loss or gradient norm: training has already gone wrong."""
+
+    kind = "nonfinite"
+
+    def observe(self, s: StepView) -> list[Alert]:
+        bad = [name for name, v in (("loss", s.loss), ("grad_norm", s.grad_norm)) if not math.isfinite(v)]
+        if not bad:
+            return []
+        layer = next((i for i, v in enumerate(s.layer_grad_norms) if not math.isfinite(v)), None)
+        where = f"; first non-finite gradient in layer {layer}" if layer is not None else ""
+        return [
+            Alert(
+                run_id=s.run_id,
+                step=s.step,
+                kind=self.kind,
+                severity="critical",
+                message=f"non-finite {' and '.join(bad)} at step {s.step}{where}",
+                time_unix_s=s.time_unix_s,
+                value=s.loss if "loss" in bad else s.grad_norm,
+                layer=layer,
+            )
+        ]
+
+
+@dataclass
+class LossSpikeDetector:
+    """A loss far above its recent robust baseline.
+
+    Baseline: median of log(loss) over the last `window` finite steps; spread: the median
+    absolute deviation (MAD), scaled by 1.4826 so that it estimates a standard deviation
+    for Gaussian noise (Rousseeuw & Croux, 1993). Working in log space makes the test
+    relative, so it holds as the loss falls by orders of magnitude. A step alarms when its
+    log-loss exceeds the median by `z_threshold` spreads *and* the loss is at least
+    `min_rise_ratio` above the median loss: the second guard keeps a near-zero MAD on a
+    flat curve from turning noise into alerts. One alert per episode: after an alarm the
+    detector is quiet for `cooldown_steps`.
+    """
+
+    window: int = 50
+    min_history: int = 20
+    z_threshold: float = 8.0
+    min_rise_ratio: float = 0.2
+    cooldown_steps: int = 50
+    kind: str = "loss_spike"
+    _recent: deque = field(default_factory=deque, repr=False)
+    _sorted: list = field(default_factory=list, repr=False)
+    _quiet_until: int = -1
+
+    def __post_init__(self) -> None:
+        if self.window < 3 or not 3 <= self.min_history <= self.window:
+            raise ValueError("LossSpikeDetector: need window >= min_history >= 3")
+        if self.z_threshold <= 0 or self.min_rise_ratio < 0:
+            raise ValueError("LossSpikeDetector: z_threshold must be > 0, min_rise_ratio >= 0")
+
+    def observe(self, s: StepView) -> list[Alert]:
+        if not (math.isfinite(s.loss) and s.loss > 0):
+            return []  # non-finite losses are the NonFiniteDetector's
+        x = math.log(s.loss)
+        alerts = []
+        if len(self._sorted) >= self.min_history and s.step > self._quiet_until:
+            median = _median(self._sorted)
+            mad = _median(sorted(abs(v - median) for v in self._sorted))
+            spread = 1.4826 * mad + 1e-12
+            z = (x - median) / spread
+            if z > self.z_threshold and x - median > math.log1p(self.min_rise_ratio):
+                baseline = math.exp(median)
+                alerts.append(
+                    Alert(
+                        run_id=s.run_id,
+                        step=s.step,
+                        kind=self.kind,
+                        severity="warning",
+                        message=(
+                            f"loss {s.loss:.4g} at step {s.step} is {s.loss / baseline:.2f}x its "
+                            f"recent median {baseline:.4g} ({z:.1f} robust std devs)"
+                        ),
+                        time_unix_s=s.time_unix_s,
+                        value=s.loss,
+                        baseline=baseline,
+                    )
+                )
+                self._quiet_until = s.step + self.cooldown_steps
+        self._push(x)
+        return alerts
+
+    def _push(self, x: float) -> None:
+        self._recent.append(x)
+        bisect.insort(self._sorted, x)
+        if len(self._recent) > self.window:
+            old = self._recent.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+
+
+def _median(sorted_values: list[float]) -> float:
+    n = len(sorted_values)
+    mid = n // 2
+    return sorted_values[mid] if n % 2 else 0.5 * (sorted_values[mid - 1] + sorted_values[mid])
+
+
+def default_detectors() -> list:
+    return [NonFiniteDetector(), LossSpikeDetector()]

@@ -1,0 +1,54 @@
+"""The analyzer: one set of detectors per run, fed logged steps in step order.
+
+`Analyzer.observe(run_id, tables)` takes the Arrow tables of one ingested batch (the
+collector's live driver) or of a stored run (the replay driver) and returns new alerts.
+Steps at or below the last step seen for a run are ignored, so a resent batch raises
+nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from .alerts import Alert
+from .detectors import StepView, default_detectors
+
+
+class Analyzer:
+    def __init__(self, make_detectors: Callable[[], list] = default_detectors) -> None:
+        self._make = make_detectors
+        self._detectors: dict[str, list] = {}
+        self._last_step: dict[str, int] = defaultdict(lambda: -1)
+
+    def observe(self, run_id: str, tables: dict[str, Any]) -> list[Alert]:
+        steps = tables.get("steps")
+        if steps is None or steps.num_rows == 0:
+            return []
+        layer_norms = _layer_grad_norms(tables.get("layers"))
+        detectors = self._detectors.setdefault(run_id, self._make())
+        alerts: list[Alert] = []
+        for row in sorted(steps.select(["step", "time_unix_s", "loss", "grad_norm"]).to_pylist(), key=_step):
+            if row["step"] <= self._last_step[run_id]:
+                continue
+            self._last_step[run_id] = row["step"]
+            view = StepView(run_id=run_id, layer_grad_norms=layer_norms.get(row["step"], ()), **row)
+            for d in detectors:
+                alerts.extend(d.observe(view))
+        return alerts
+
+
+def _step(row: dict) -> int:
+    return row["step"]
+
+
+def _layer_grad_norms(layers: Any) -> dict[int, tuple[float, ...]]:
+    """step -> per-layer gradient norms in layer order, from a layers table (or None)."""
+    if layers is None or layers.num_rows == 0:
+        return {}
+    by_step: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    cols = layers.select(["step", "layer", "grad_norm"]).to_pydict()
+    for step, layer, norm in zip(cols["step"], cols["layer"], cols["grad_norm"], strict=True):
+        by_step[step].append((layer, norm))
+    return {s: tuple(v for _, v in sorted(pairs)) for s, pairs in by_step.items()}

@@ -1,0 +1,21 @@
+"""Shared FastAPI dependencies. Tests swap them through app.dependency_overrides."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from .settings import Settings
+from .state import LiveState
+from .store import Store
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_store(request: Request) -> Store:
+    return request.app.state.store
+
+
+def get_live_state(request: Request) -> LiveState:
+    return request.app.state.store.state

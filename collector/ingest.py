@@ -1,0 +1,92 @@
+"""POST /api/v1/ingest: columnar schema batches from the hooks (or anyone).
+
+Validation happens whole before anything is queued: a bad batch gets a 4xx naming the
+table and field, and none of its rows are stored.
+"""
+
+from __future__ import annotations
+
+import hmac
+import zlib
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+
+from trainvitals.schema import SchemaError, decode_json, to_arrow
+
+from .deps import get_settings, get_store
+from .settings import Settings
+from .store import QueueFull, Store, StoreError
+
+router = APIRouter(tags=["ingest"])
+
+
+def _check_token(settings: Settings, authorization: str | None) -> None:
+    if not settings.ingest_token:
+        return
+    expected = f"Bearer {settings.ingest_token}"
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused as soon as it exceeds `limit` bytes (before or after gzip)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if request.headers.get("content-encoding", "").lower() == "gzip":
+        body = _gunzip(body, limit)
+    return body
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    # Bounded decompression: a small bomb must not expand into memory unchecked.
+    d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise HTTPException(400, f"body is not valid gzip: {e}") from e
+    if len(out) > limit or d.unconsumed_tail:
+        raise HTTPException(413, f"decompressed body exceeds the limit of {limit} bytes")
+    return out
+
+
+def _parse(body: bytes) -> tuple[str, dict[str, Any]]:
+    return to_arrow(decode_json(body))
+
+
+@router.post("/api/v1/ingest", status_code=202)
+async def ingest(
+    request: Request,
+    settings: Annotated[Settings, Depends(get_settings)],
+    store: Annotated[Store, Depends(get_store)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> dict[str, Any]:
+    """Accept one schema batch (JSON, optionally gzip). 202: queued for writing."""
+    _check_token(settings, authorization)
+    if store.read_only:
+        raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if ctype != "application/json":
+        raise HTTPException(415, f"content-type {ctype!r} is not supported; send application/json")
+    body = await _read_body(request, settings.max_body_bytes)
+    try:
+        run_id, tables = await run_in_threadpool(_parse, body)  # CPU-bound: off the event loop
+    except SchemaError as e:
+        raise HTTPException(422, str(e)) from e
+    try:
+        store.submit(run_id, tables)
+    except QueueFull as e:
+        raise HTTPException(503, f"{e}; retry later", headers={"Retry-After": "1"}) from e
+    except StoreError as e:
+        raise HTTPException(409, str(e)) from e
+    return {"run_id": run_id, "accepted_rows": {name: t.num_rows for name, t in tables.items()}}
+

@@ -1,0 +1,83 @@
+"""The collector app: lifespan (open the store, start the writer) and routers.
+
+    uvicorn --factory trainvitals.collector.main:app_from_env
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from . import ingest, metrics, query
+from .settings import Settings
+from .store import Store
+
+
+class FastJSONResponse(JSONResponse):
+    """orjson: faster than json, and writes NaN/inf as null instead of failing."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = Store(
+            settings.store_path,
+            read_only=settings.replay,
+            queue_max_batches=settings.queue_max_batches,
+        )
+        store.start()
+        app.state.settings = settings
+        app.state.store = store
+        try:
+            yield
+        finally:
+            store.close()  # drains the queue: a clean stop loses nothing already accepted
+
+    app = FastAPI(
+        title="trainvitals collector",
+        description="Ingests training telemetry, stores it in DuckDB, serves Prometheus and queries.",
+        lifespan=lifespan,
+        default_response_class=FastJSONResponse,
+    )
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next) -> Response:
+        response = await call_next(request)
+        store = getattr(request.app.state, "store", None)
+        if store is not None:
+            store.state.count_request(response.status_code)
+            if request.url.path == "/api/v1/ingest" and 400 <= response.status_code < 500:
+                store.state.count_rejected()
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default is fine but verbose; keep the field path and the reason.
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return FastJSONResponse({"detail": "; ".join(problems)}, status_code=422)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz(request: Request) -> dict[str, Any]:
+        store: Store = request.app.state.store
+        return {"status": "ok", "replay": store.read_only, "queue_depth_batches": store.queue_depth}
+
+    app.include_router(ingest.router)
+    app.include_router(query.router)
+    app.include_router(metrics.router)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """Factory for `uvicorn --factory`: settings from TRAINVITALS_* environment variables."""
+    return create_app(Settings())

@@ -1,0 +1,112 @@
+"""GET /metrics: Prometheus text format, built at scrape time from the live state.
+
+Cardinality stays bounded: series are per run (and per alert kind), never per layer or
+per rank; the rank dimension is summarised as median, p99 and max of step time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .deps import get_store
+from .state import LiveState
+from .store import Store
+
+router = APIRouter(tags=["metrics"])
+
+# (name, help, field of the latest steps row): one gauge per run each.
+_RUN_GAUGES = (
+    ("trainvitals_step", "Latest logged optimizer step.", "step"),
+    ("trainvitals_loss", "Training loss at the latest logged step.", "loss"),
+    ("trainvitals_grad_norm", "Global gradient L2 norm (before clipping) at the latest step.", "grad_norm"),
+    ("trainvitals_tokens_per_second", "Job throughput at the latest step, tokens/s.", "tokens_per_s"),
+    ("trainvitals_mfu_ratio", "Model FLOPs utilisation at the latest step, 0..1.", "mfu_ratio"),
+    ("trainvitals_achieved_flops_per_second_per_device",
+     "Achieved model FLOP/s of one device at the latest step.", "tflops_per_s_per_device"),
+    ("trainvitals_step_time_seconds", "Wall time of the latest step (slowest rank).", "step_time_s"),
+    ("trainvitals_last_step_timestamp_seconds", "Unix time of the latest logged step.", "time_unix_s"),
+)
+
+
+class TrainvitalsCollector(Collector):
+    """Yields metric families built from a LiveState snapshot at each scrape."""
+
+    def __init__(self, live: LiveState, store: Store) -> None:
+        self.live = live
+        self.store = store
+
+    def collect(self):
+        runs, stats = self.live.snapshot()
+        for name, doc, key in _RUN_GAUGES:
+            g = GaugeMetricFamily(name, doc, labels=["run_id"])
+            for run_id, run in runs.items():
+                if key in run.latest and run.latest[key] is not None:
+                    value = run.latest[key]
+                    # Converted where it enters: the store keeps TFLOP/s, Prometheus base units.
+                    g.add_metric([run_id], value * 1e12 if key == "tflops_per_s_per_device" else value)
+            yield g
+        rank = GaugeMetricFamily(
+            "trainvitals_rank_step_time_seconds",
+            "Per-rank step time at the latest step, summarised across ranks.",
+            labels=["run_id", "stat"],
+        )
+        alerts = CounterMetricFamily(
+            "trainvitals_alerts", "Alerts raised by the analyzer.", labels=["run_id", "kind"]
+        )
+        for run_id, run in runs.items():
+            for stat, value in run.rank_step_time_s.items():
+                rank.add_metric([run_id, stat], value)
+            for kind, count in run.alerts_by_kind.items():
+                alerts.add_metric([run_id, kind], count)
+        yield rank
+        yield alerts
+        yield from _self_metrics(stats, self.store.queue_depth)
+
+
+def _self_metrics(stats, queue_depth: int):
+    requests = CounterMetricFamily(
+        "trainvitals_collector_http_requests", "HTTP requests served, by status code.", labels=["code"]
+    )
+    for code, n in stats.requests.items():
+        requests.add_metric([str(code)], n)
+    yield requests
+    yield CounterMetricFamily(
+        "trainvitals_collector_rejected_batches", "Ingest requests rejected (4xx): nothing stored.",
+        value=stats.rejected_batches,
+    )
+    rows = CounterMetricFamily(
+        "trainvitals_collector_ingested_rows", "Rows written to the store, by table.", labels=["table"]
+    )
+    for table, n in stats.ingested_rows.items():
+        rows.add_metric([table], n)
+    yield rows
+    yield CounterMetricFamily(
+        "trainvitals_collector_write_errors", "Batches the writer failed to store.", value=stats.write_errors
+    )
+    yield GaugeMetricFamily(
+        "trainvitals_collector_queue_depth_batches", "Batches waiting for the writer.", value=queue_depth
+    )
+    yield CounterMetricFamily(
+        "trainvitals_collector_write_seconds", "Time spent writing batches.", value=stats.write_seconds_sum
+    )
+    yield CounterMetricFamily(
+        "trainvitals_collector_written_batches", "Batches written to the store.", value=stats.written_batches
+    )
+
+
+def build_registry(live: LiveState, store: Store) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TrainvitalsCollector(live, store))
+    return registry
+
+
+@router.get("/metrics")
+def metrics(store: Annotated[Store, Depends(get_store)]) -> Response:
+    registry = build_registry(store.state, store)
+    return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+

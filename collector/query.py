@@ -1,0 +1,175 @@
+"""Read-only query API for the dashboard and post-mortems.
+
+Every query is parameterised (`?` placeholders); the only names spliced into SQL are
+metric columns checked against the schema. Long ranges are downsampled on the server in
+buckets of whole steps, so a full-range query of a long run returns at most a few thousand
+points and a spike stays visible (the `_max` columns, and `agg=max` on heatmaps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any, Literal
+
+import pyarrow as pa
+from fastapi import APIRouter, Depends, HTTPException, Query
+
+from trainvitals.schema import LAYERS, RANKS, STEPS
+
+from .deps import get_store
+from .store import Store
+
+router = APIRouter(prefix="/api/v1", tags=["query"])
+
+StoreDep = Annotated[Store, Depends(get_store)]
+Start = Annotated[int, Query(ge=0, description="first step (inclusive)")]
+End = Annotated[int | None, Query(ge=0, description="last step (inclusive); default: latest")]
+Agg = Literal["max", "mean", "min"]
+_AGG_SQL = {"max": "max", "mean": "avg", "min": "min"}
+
+# Step columns served, all bucket means; loss and grad_norm also get a bucket max.
+_STEP_VALUES = [f.name for f in STEPS.fields if f.name not in ("step",) and f.dtype != "string"]
+_WITH_MAX = ("loss", "grad_norm")
+_LAYER_METRICS = tuple(f.name for f in LAYERS.fields if f.name not in ("step", "layer"))
+_RANK_METRICS = tuple(f.name for f in RANKS.fields if f.name not in ("step", "rank"))
+
+
+def _columns(table: pa.Table) -> dict[str, list]:
+    """Arrow table -> JSON-ready columns; NaN and inf become null (JSON has no literal)."""
+    out = {}
+    for name, values in table.to_pydict().items():
+        out[name] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+    return out
+
+
+def _require_run(store: Store, run_id: str) -> None:
+    found = store.query(
+        "SELECT 1 FROM steps WHERE run_id = ? UNION ALL SELECT 1 FROM runs WHERE run_id = ? LIMIT 1",
+        [run_id, run_id],
+    )
+    if found.num_rows == 0:
+        raise HTTPException(404, f"no run {run_id!r} in this store")
+
+
+def _step_window(store: Store, run_id: str, start: int, end: int | None, points: int) -> tuple[int, int, int]:
+    """(start, end, bucket_steps) for a window holding at most `points` buckets."""
+    if end is None:
+        end = store.query("SELECT coalesce(max(step), 0) FROM steps WHERE run_id = ?", [run_id]).column(0)[0].as_py()
+    if end < start:
+        raise HTTPException(422, f"end ({end}) is before start ({start})")
+    return start, end, max(1, math.ceil((end - start + 1) / points))
+
+
+@router.get("/runs")
+def list_runs(store: StoreDep) -> list[dict[str, Any]]:
+    """Every run in the store, newest first, with its metadata and progress."""
+    rows = store.query(
+        """
+        WITH progress AS (
+            SELECT run_id, max(step) AS last_step, max(time_unix_s) AS last_time_unix_s
+            FROM steps GROUP BY run_id),
+        ids AS (SELECT run_id FROM progress UNION SELECT run_id FROM runs)
+        SELECT ids.run_id, r.model, r.world_size, r.dp, r.tp, r.device_type, r.device_name,
+               r.started_unix_s, r.layer_names_json, r.peak_flops_per_s, r.peak_flops_source,
+               r.flops_per_token, r.n_params, p.last_step, p.last_time_unix_s
+        FROM ids LEFT JOIN runs r USING (run_id) LEFT JOIN progress p USING (run_id)
+        ORDER BY coalesce(r.started_unix_s, p.last_time_unix_s) DESC NULLS LAST
+        """
+    ).to_pylist()
+    for row in rows:
+        names = row.pop("layer_names_json")
+        row["layer_names"] = json.loads(names) if names else None
+    return rows
+
+
+@router.get("/runs/{run_id}/steps")
+def step_series(
+    run_id: str,
+    store: StoreDep,
+    start: Start = 0,
+    end: End = None,
+    max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000,
+) -> dict[str, Any]:
+    """Step series, downsampled to at most `max_points` buckets (mean, plus max of loss and grad norm)."""
+    _require_run(store, run_id)
+    start, end, bucket = _step_window(store, run_id, start, end, max_points)
+    values = [f"avg({c}) AS {c}" for c in _STEP_VALUES] + [f"max({c}) AS {c}_max" for c in _WITH_MAX]
+    table = store.query(
+        f"""
+        SELECT min(step) AS step, {", ".join(values)}
+        FROM steps WHERE run_id = ? AND step BETWEEN ? AND ?
+        GROUP BY (step - ?) // ? ORDER BY 1
+        """,
+        [run_id, start, end, start, bucket],
+    )
+    return {"bucket_steps": bucket, "columns": _columns(table)}
+
+
+def _grid(store: Store, table: str, key: str, metric: str, run_id: str, start: int,
+          end: int | None, max_steps: int, agg: Agg) -> dict[str, Any]:
+    start, end, bucket = _step_window(store, run_id, start, end, max_steps)
+    result = store.query(
+        f"""
+        SELECT ? + (step - ?) // ? * ? AS step, {key}, {_AGG_SQL[agg]}({metric}) AS value
+        FROM {table} WHERE run_id = ? AND step BETWEEN ? AND ?
+        GROUP BY 1, 2 ORDER BY 1, 2
+        """,
+        [start, start, bucket, bucket, run_id, start, end],
+    )
+    return {"bucket_steps": bucket, **_columns(result)}
+
+
+@router.get("/runs/{run_id}/layers")
+def layer_series(
+    run_id: str,
+    store: StoreDep,
+    metric: Annotated[str, Query(description=f"one of {_LAYER_METRICS}")] = "grad_norm",
+    start: Start = 0,
+    end: End = None,
+    max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
+    agg: Agg = "max",
+) -> dict[str, Any]:
+    """Step x layer grid of one per-layer metric, long format (step, layer, value)."""
+    if metric not in _LAYER_METRICS:
+        raise HTTPException(422, f"metric must be one of {list(_LAYER_METRICS)}, got {metric!r}")
+    _require_run(store, run_id)
+    names = store.query("SELECT layer_names_json FROM runs WHERE run_id = ?", [run_id]).to_pylist()
+    grid = _grid(store, "layers", "layer", metric, run_id, start, end, max_steps, agg)
+    return {"layer_names": json.loads(names[0]["layer_names_json"]) if names else None, **grid}
+
+
+@router.get("/runs/{run_id}/ranks")
+def rank_series(
+    run_id: str,
+    store: StoreDep,
+    metric: Annotated[str, Query(description=f"one of {_RANK_METRICS}")] = "step_time_s",
+    start: Start = 0,
+    end: End = None,
+    max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
+    agg: Agg = "max",
+) -> dict[str, Any]:
+    """Step x rank grid of one per-rank metric, long format (step, rank, value)."""
+    if metric not in _RANK_METRICS:
+        raise HTTPException(422, f"metric must be one of {list(_RANK_METRICS)}, got {metric!r}")
+    _require_run(store, run_id)
+    return _grid(store, "ranks", "rank", metric, run_id, start, end, max_steps, agg)
+
+
+@router.get("/runs/{run_id}/alerts")
+def run_alerts(run_id: str, store: StoreDep) -> list[dict[str, Any]]:
+    """The run's alerts in step order."""
+    _require_run(store, run_id)
+    return _alert_rows(store, "WHERE run_id = ? ORDER BY step", [run_id])
+
+
+@router.get("/alerts")
+def all_alerts(store: StoreDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
+    """The most recent alerts of every run."""
+    return _alert_rows(store, "ORDER BY time_unix_s DESC, step DESC", [], limit)
+
+
+def _alert_rows(store: Store, where_order: str, params: list, limit: int = 100_000) -> list[dict[str, Any]]:
+    table = store.query(f"SELECT * FROM alerts {where_order} LIMIT ?", [*params, limit])
+    cols = _columns(table)
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)] if cols else []

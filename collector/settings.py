@@ -1,0 +1,25 @@
+"""Collector settings: one class, every field overridable by a TRAINVITALS_* env var."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAINVITALS_")
+
+    store_path: str = Field("trainvitals.duckdb", description="DuckDB file the collector owns")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    replay: bool = Field(False, description="serve a stored run read-only; ingest is refused")
+    ingest_token: str = Field("", description="if set, ingest requires 'Authorization: Bearer <token>'")
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest accepted ingest body")
+    queue_max_batches: int = Field(1024, gt=0, description="batches waiting for the writer; beyond: 503")
+
+    @field_validator("store_path")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        if not v:
+            raise ValueError("store_path must not be empty")
+        return v

@@ -1,0 +1,95 @@
+"""In-memory view of each run's latest values, kept by the writer, read by /metrics.
+
+Prometheus scrapes must be cheap and must not touch the store: the writer updates this
+small summary after every commit, and a scrape reads it under a lock.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainvitals.analyzer import Alert
+
+# steps fields mirrored per run (latest logged step).
+STEP_FIELDS = ("step", "time_unix_s", "loss", "grad_norm", "tokens_per_s", "mfu_ratio",
+               "tflops_per_s_per_device", "step_time_s")
+
+
+@dataclass
+class RunState:
+    latest: dict[str, float] = field(default_factory=dict)
+    rank_step_time_s: dict[str, float] = field(default_factory=dict)  # median, p99, max
+    alerts_by_kind: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class CollectorStats:
+    """Self-metrics of the collector (exported as trainvitals_collector_*)."""
+
+    requests: Counter = field(default_factory=Counter)  # by HTTP status code
+    rejected_batches: int = 0
+    ingested_rows: Counter = field(default_factory=Counter)  # by table
+    written_batches: int = 0
+    write_seconds_sum: float = 0.0
+    write_errors: int = 0
+
+
+class LiveState:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.runs: dict[str, RunState] = {}
+        self.stats = CollectorStats()
+
+    def update(self, run_id: str, tables: dict[str, Any], alerts: list[Alert]) -> None:
+        with self._lock:
+            run = self.runs.setdefault(run_id, RunState())
+            steps = tables.get("steps")
+            if steps is not None and steps.num_rows:
+                last = max(steps.select(list(STEP_FIELDS)).to_pylist(), key=lambda r: r["step"])
+                if last["step"] >= run.latest.get("step", -1):
+                    run.latest = last
+            ranks = tables.get("ranks")
+            if ranks is not None and ranks.num_rows:
+                run.rank_step_time_s = _rank_summary(ranks)
+            run.alerts_by_kind.update(a.kind for a in alerts)
+            for name, t in tables.items():
+                self.stats.ingested_rows[name] += t.num_rows
+
+    def snapshot(self) -> tuple[dict[str, RunState], CollectorStats]:
+        with self._lock:
+            runs = {k: RunState(dict(v.latest), dict(v.rank_step_time_s), Counter(v.alerts_by_kind))
+                    for k, v in self.runs.items()}
+            s = self.stats
+            stats = CollectorStats(Counter(s.requests), s.rejected_batches, Counter(s.ingested_rows),
+                                   s.written_batches, s.write_seconds_sum, s.write_errors)
+            return runs, stats
+
+    def count_request(self, status: int) -> None:
+        with self._lock:
+            self.stats.requests[status] += 1
+
+    def count_rejected(self) -> None:
+        with self._lock:
+            self.stats.rejected_batches += 1
+
+    def count_write(self, seconds: float | None) -> None:
+        """One batch written (taking `seconds`), or failed (None)."""
+        with self._lock:
+            if seconds is None:
+                self.stats.write_errors += 1
+            else:
+                self.stats.written_batches += 1
+                self.stats.write_seconds_sum += seconds
+
+
+def _rank_summary(ranks: Any) -> dict[str, float]:
+    """Median, p99 and max of per-rank step time at the batch's latest step."""
+    cols = ranks.select(["step", "step_time_s"]).to_pydict()
+    last = max(cols["step"])
+    times = sorted(t for s, t in zip(cols["step"], cols["step_time_s"], strict=True) if s == last)
+    p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+    return {"median": statistics.median(times), "p99": p99, "max": times[-1]}

@@ -1,0 +1,184 @@
+"""The DuckDB store: one connection per process, one writer thread, cursors for readers.
+
+Ingest hands validated Arrow tables to `submit`, which only enqueues. The writer thread
+wakes as soon as a batch is queued, runs the analyzer on the new records and appends
+records and alerts in one transaction per batch: a batch is stored whole or
+not at all. `INSERT OR IGNORE` on each table's key makes a resent batch a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from trainvitals.analyzer import Alert, Analyzer
+from trainvitals.schema import ALERTS, DTYPES, STORE_TABLES, Table, ddl
+
+from .state import LiveState
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or written."""
+
+
+class QueueFull(StoreError):
+    """The writer is behind; the sender should retry later."""
+
+
+_STOP = object()
+
+
+class Store:
+    def __init__(
+        self,
+        path: str,
+        *,
+        read_only: bool = False,
+        analyzer: Analyzer | None = None,
+        state: LiveState | None = None,
+        queue_max_batches: int = 1024,
+    ) -> None:
+        self.path = path
+        self.read_only = read_only
+        try:
+            self._con = duckdb.connect(path, read_only=read_only)
+        except duckdb.Error as e:
+            raise StoreError(f"cannot open store {path!r}: {e}") from e
+        if not read_only:
+            self._create_tables()
+        self.analyzer = analyzer or Analyzer()
+        self.state = state or LiveState()
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_max_batches)
+        self._writer: threading.Thread | None = None
+
+    def _create_tables(self) -> None:
+        for table in STORE_TABLES.values():
+            self._con.execute(ddl(table))
+            self._add_missing_columns(table)
+
+    def _add_missing_columns(self, table: Table) -> None:
+        """A store made before a field was added gains it (as a nullable column)."""
+        have = {r[0] for r in self._con.execute(f"DESCRIBE {table.name}").fetchall()}
+        for f in table.fields:
+            if f.name not in have:
+                self._con.execute(f"ALTER TABLE {table.name} ADD COLUMN {f.name} {DTYPES[f.dtype][0]}")
+
+    # ------------------------------------------------------------------ writing
+
+    def start(self) -> None:
+        if self.read_only:
+            return
+        self._writer = threading.Thread(target=self._write_loop, name="trainvitals-writer", daemon=True)
+        self._writer.start()
+
+    def submit(self, run_id: str, tables: dict[str, pa.Table]) -> None:
+        """Queue one validated batch for writing. Raises QueueFull when the writer is behind."""
+        if self.read_only:
+            raise StoreError("store is open read-only (replay mode)")
+        try:
+            self._queue.put_nowait((run_id, tables))
+        except queue.Full as e:
+            raise QueueFull(f"write queue is full ({self._queue.maxsize} batches)") from e
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    def _write_loop(self) -> None:
+        cur = self._con.cursor()
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                self._queue.task_done()
+                return
+            batch = [item]
+            # Take whatever else is waiting: fewer, larger transactions.
+            while len(batch) < 256:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    self._write(cur, batch)
+                    self._queue.task_done()
+                    return
+                batch.append(nxt)
+            self._write(cur, batch)
+
+    def _write(self, cur: duckdb.DuckDBPyConnection, batch: list[tuple[str, dict[str, pa.Table]]]) -> None:
+        for run_id, tables in batch:
+            start = time.perf_counter()
+            try:
+                alerts = self.analyzer.observe(run_id, tables)
+                self._append(cur, tables, alerts)
+            except Exception:
+                # Counted and exported (trainvitals_collector_write_errors_total); the
+                # collector keeps serving and later batches still land.
+                log.exception("writing a batch of run %s failed", run_id)
+                self.state.count_write(None)
+                continue
+            self.state.update(run_id, tables, alerts)
+            self.state.count_write(time.perf_counter() - start)
+        for _ in batch:
+            self._queue.task_done()
+
+    def _append(self, cur: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], alerts: list[Alert]) -> None:
+        if alerts:
+            tables = {**tables, "alerts": _alerts_table(alerts)}
+        cur.execute("BEGIN")
+        try:
+            for name, arrow in tables.items():
+                cols = ", ".join(arrow.column_names)
+                cur.register("incoming", arrow)
+                cur.execute(f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM incoming")
+                cur.unregister("incoming")
+            cur.execute("COMMIT")
+        except Exception:
+            cur.execute("ROLLBACK")
+            raise
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Block until everything submitted so far is written (tests and shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                raise StoreError("flush timed out")
+            time.sleep(0.01)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if self._writer is not None:
+            self._queue.put(_STOP)
+            self._writer.join(timeout_s)
+            if self._writer.is_alive():
+                log.error("writer did not finish within %.0f s; unwritten batches are lost", timeout_s)
+        self._con.close()
+
+    # ------------------------------------------------------------------ reading
+
+    def query(self, sql: str, params: list[Any] | None = None) -> pa.Table:
+        """Run a read query on a cursor of its own (cursors are per thread in DuckDB)."""
+        cur = self._con.cursor()
+        try:
+            return cur.sql(sql, params=params or None).to_arrow_table()
+        finally:
+            cur.close()
+
+
+def _alerts_table(alerts: list[Alert]) -> pa.Table:
+    names = ["run_id", *(f.name for f in ALERTS.fields)]
+    rows = [a.to_dict() for a in alerts]
+    return pa.Table.from_pylist(rows, schema=_ALERT_SCHEMA).select(names)
+
+
+_ALERT_SCHEMA = pa.schema(
+    [("run_id", pa.string())] + [(f.name, pa.type_for_alias(DTYPES[f.dtype][1])) for f in ALERTS.fields]
+)
+

@@ -1,0 +1,205 @@
+"""A typed client for the collector's query API: what the dashboard reads, as DataFrames.
+
+Every call is one GET. Failures surface as typed errors the dashboard can turn into an
+honest message: `CollectorUnavailable` (nothing answers at the URL), `RunNotFound` (404),
+`CollectorError` (any other bad answer).
+
+    >>> client = CollectorClient("http://127.0.0.1:8000")  # doctest: +SKIP
+    >>> runs = client.runs()  # doctest: +SKIP
+    >>> steps = client.steps(runs[0].run_id, max_points=500)  # doctest: +SKIP
+    >>> steps.frame[["step", "loss"]].tail()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pandas as pd
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+API = "/api/v1"
+ALERT_COLUMNS = (
+    "time_unix_s",
+    "severity",
+    "kind",
+    "step",
+    "rank",
+    "layer",
+    "message",
+    "value",
+    "baseline",
+)
+
+
+class CollectorError(RuntimeError):
+    """The collector answered, but not with what the API promises."""
+
+
+class CollectorUnavailable(CollectorError):
+    """Nothing answered at the collector URL (refused, unresolvable or timed out)."""
+
+
+class RunNotFound(CollectorError, LookupError):
+    """The collector holds no run with this id (HTTP 404)."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One entry of `GET /runs`. Metadata is None when the run sent none."""
+
+    run_id: str
+    model: str | None = None
+    world_size: int | None = None
+    dp: int | None = None
+    tp: int | None = None
+    device_name: str | None = None
+    device_type: str | None = None
+    started_unix_s: float | None = None
+    last_step: int | None = None
+    last_time_unix_s: float | None = None
+    layer_names: tuple[str, ...] = ()
+    peak_flops_per_s: float | None = None
+    flops_per_token: float | None = None
+    n_params: int | None = None
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RunSummary:
+        """Build from the API's JSON; fields this client does not know are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in doc.items() if k in known}
+        values["layer_names"] = tuple(doc.get("layer_names") or ())
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Series:
+    """A downsampled query result: each row stands for `bucket_steps` consecutive steps."""
+
+    bucket_steps: int
+    frame: pd.DataFrame
+
+
+class CollectorClient:
+    """Synchronous client over httpx; one connection pool, safe to share between threads."""
+
+    def __init__(self, base_url: str = DEFAULT_URL, timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> CollectorClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def healthz(self) -> dict[str, Any]:
+        """The collector's health document, e.g. {"status": "ok", ...}."""
+        return self._get("/healthz")
+
+    def runs(self) -> list[RunSummary]:
+        """All runs the collector holds, newest first."""
+        return [RunSummary.from_json(doc) for doc in self._get(f"{API}/runs")]
+
+    def steps(
+        self,
+        run_id: str,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int = 2000,
+    ) -> Series:
+        """Per-step global metrics; one row per bucket (mean, plus max of loss and grad norm).
+
+        Non-finite values arrive as null and become NaN.
+        """
+        params = _window(start, end) | {"max_points": max_points}
+        doc = self._get(f"{API}/runs/{run_id}/steps", params)
+        frame = pd.DataFrame(doc["columns"], dtype="float64")
+        frame["step"] = frame["step"].astype("int64")
+        return Series(bucket_steps=doc["bucket_steps"], frame=frame)
+
+    def layers(
+        self,
+        run_id: str,
+        metric: str = "grad_norm",
+        start: int | None = None,
+        end: int | None = None,
+        max_steps: int = 300,
+        agg: str = "max",
+    ) -> Series:
+        """Per-layer `metric` in long format: columns step, layer (index), layer_name, value."""
+        params = _window(start, end) | {"metric": metric, "max_steps": max_steps, "agg": agg}
+        doc = self._get(f"{API}/runs/{run_id}/layers", params)
+        frame = _long_frame(doc, "layer")
+        names = doc.get("layer_names") or []
+        # Name an index the run's metadata does not cover by its number, not by a crash.
+        frame["layer_name"] = [names[i] if i < len(names) else f"layer {i}" for i in frame.layer]
+        return Series(bucket_steps=doc["bucket_steps"], frame=frame)
+
+    def ranks(
+        self,
+        run_id: str,
+        metric: str = "step_time_s",
+        start: int | None = None,
+        end: int | None = None,
+        max_steps: int = 300,
+        agg: str = "max",
+    ) -> Series:
+        """Per-rank `metric` in long format: columns step, rank, value."""
+        params = _window(start, end) | {"metric": metric, "max_steps": max_steps, "agg": agg}
+        doc = self._get(f"{API}/runs/{run_id}/ranks", params)
+        return Series(bucket_steps=doc["bucket_steps"], frame=_long_frame(doc, "rank"))
+
+    def alerts(self, run_id: str) -> pd.DataFrame:
+        """The run's alerts, one row each, with the columns of `ALERT_COLUMNS`."""
+        rows = self._get(f"{API}/runs/{run_id}/alerts")
+        frame = pd.DataFrame(rows, columns=list(ALERT_COLUMNS))
+        # Nullable integers: an alert about no rank or layer keeps its null, not a float.
+        return frame.astype({"step": "Int64", "rank": "Int64", "layer": "Int64"})
+
+    def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        try:
+            response = self._http.get(path, params=params)
+        except httpx.TransportError as e:
+            # Connect errors, timeouts and dropped connections all mean the same to a
+            # reader: nothing usable answers at this URL.
+            raise CollectorUnavailable(f"no collector answers at {self.base_url}: {e}") from e
+        if response.status_code == httpx.codes.NOT_FOUND:
+            raise RunNotFound(_detail(response))
+        if response.is_error:
+            raise CollectorError(f"GET {path} -> HTTP {response.status_code}: {_detail(response)}")
+        try:
+            return response.json()
+        except ValueError as e:
+            raise CollectorError(f"GET {path}: the answer is not JSON") from e
+
+
+def _window(start: int | None, end: int | None) -> dict[str, int]:
+    """Query parameters of a step window; an open end is left out."""
+    bounds = {"start": start, "end": end}
+    return {k: v for k, v in bounds.items() if v is not None}
+
+
+def _long_frame(doc: dict[str, Any], key: str) -> pd.DataFrame:
+    """Long-format columns (step, key, value) as typed columns; null values become NaN."""
+    return pd.DataFrame(
+        {
+            "step": pd.Series(doc["step"], dtype="int64"),
+            key: pd.Series(doc[key], dtype="int64"),
+            "value": pd.Series(doc["value"], dtype="float64"),
+        }
+    )
+
+
+def _detail(response: httpx.Response) -> str:
+    """The error message of a FastAPI answer ({"detail": ...}), or the raw body."""
+    try:
+        return str(response.json()["detail"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]

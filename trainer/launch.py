@@ -1,0 +1,28 @@
+"""`trainvitals train`: run the reference trainer, through torchrun when it has several ranks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .config import TrainConfig
+
+
+def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
+    """argv that runs the trainer on `nproc` local ranks (torchrun picks a free port)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", "-m", "trainvitals.trainer.train", *train_args,
+    ]
+
+
+def run(cfg: TrainConfig, nproc: int, train_args: list[str]) -> int:
+    if nproc != cfg.world_size:
+        print(f"error: --nproc {nproc} must equal dp x tp = {cfg.world_size}", file=sys.stderr)
+        return 2
+    if nproc == 1:
+        from .train import main
+
+        main(train_args)
+        return 0
+    return subprocess.call(torchrun_command(nproc, train_args))

@@ -1,0 +1,3 @@
+from trainvitals.cli import main
+
+main()

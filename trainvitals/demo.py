@@ -1,0 +1,105 @@
+"""`trainvitals demo`: the whole stack on one machine, no GPU needed.
+
+Starts a collector, the dashboard and a 4-rank CPU training run (dp=2 x tp=2) that reports
+to the collector, prints where to look, and on Ctrl-C stops everything: the trainer first,
+the collector last, so that it writes what it has accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def _spawn(argv: list[str], log_path: Path | None = None) -> subprocess.Popen:
+    # A session of its own: the terminal's Ctrl-C reaches only us, and we stop children in order.
+    out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - owned by the child
+    return subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None)
+
+
+def _stop(proc: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process serving {url} exited with code {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+def _summary(collector_url: str) -> str:
+    runs = httpx.get(f"{collector_url}/api/v1/runs", timeout=5).json()
+    if not runs:
+        return "no run reached the collector"
+    run = runs[0]
+    alerts = httpx.get(f"{collector_url}/api/v1/runs/{run['run_id']}/alerts", timeout=5).json()
+    return f"run {run['run_id']}: {run['last_step'] + 1} steps stored, {len(alerts)} alerts"
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    store = Path(args.store)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    logs = store.parent
+    collector_url = f"http://127.0.0.1:{args.collector_port}"
+    me = [sys.executable, "-m", "trainvitals"]
+    procs: list[subprocess.Popen] = []
+    trainer = None
+    try:
+        collector = _spawn([*me, "collector", "--store", str(store), "--port", str(args.collector_port)],
+                           logs / "collector.log")
+        procs.append(collector)
+        wait_healthy(f"{collector_url}/healthz", collector)
+        print(f"collector  {collector_url}  (Prometheus: {collector_url}/metrics)", flush=True)
+        if not args.no_dashboard:
+            dashboard = _spawn([*me, "dashboard", "--collector", collector_url,
+                                "--port", str(args.dashboard_port)], logs / "dashboard.log")
+            procs.append(dashboard)
+            wait_healthy(f"http://127.0.0.1:{args.dashboard_port}/_stcore/health", dashboard)
+            print(f"dashboard  http://127.0.0.1:{args.dashboard_port}", flush=True)
+        print(f"training   4 CPU ranks (dp=2 x tp=2), {args.steps} steps; logs in {logs}/", flush=True)
+        trainer = _spawn([*me, "train", "--nproc", "4", "--dp", "2", "--tp", "2", "--steps", str(args.steps),
+                          "--collector", collector_url], logs / "train.log")
+        code = trainer.wait()
+        if code != 0:
+            print(f"training failed (exit code {code}); see {logs}/train.log", file=sys.stderr)
+            return code
+        time.sleep(1.5)  # the collector writes within a second of the last batch
+        print(f"training finished: {_summary(collector_url)}", flush=True)
+        if args.exit_when_done:
+            return 0
+        print("Ctrl-C stops the collector and the dashboard.", flush=True)
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+        return 0
+    except RuntimeError as e:
+        print(f"error: {e}; see the logs in {logs}/", file=sys.stderr)
+        return 1
+    finally:
+        _stop(trainer)
+        for proc in reversed(procs):
+            _stop(proc)
