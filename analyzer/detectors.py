@@ -34,7 +34,11 @@ class NonFiniteDetector:
     kind = "nonfinite"
 
     def observe(self, s: StepView) -> list[Alert]:
-        bad = [name for name, v in (("loss", s.loss), ("grad_norm", s.grad_norm)) if not math.isfinite(v)]
+        bad = [
+            name
+            for name, v in (("loss", s.loss), ("grad_norm", s.grad_norm))
+            if not math.isfinite(v)
+        ]
         if not bad:
             return []
         layer = next((i for i, v in enumerate(s.layer_grad_norms) if not math.isfinite(v)), None)

@@ -29,7 +29,9 @@ class Analyzer:
         layer_norms = _layer_grad_norms(tables.get("layers"))
         detectors = self._detectors.setdefault(run_id, self._make())
         alerts: list[Alert] = []
-        for row in sorted(steps.select(["step", "time_unix_s", "loss", "grad_norm"]).to_pylist(), key=_step):
+        for row in sorted(
+            steps.select(["step", "time_unix_s", "loss", "grad_norm"]).to_pylist(), key=_step
+        ):
             if row["step"] <= self._last_step[run_id]:
                 continue
             self._last_step[run_id] = row["step"]

@@ -27,7 +27,9 @@ def _check_token(settings: Settings, authorization: str | None) -> None:
         return
     expected = f"Bearer {settings.ingest_token}"
     if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
-        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -89,4 +91,3 @@ async def ingest(
     except StoreError as e:
         raise HTTPException(409, str(e)) from e
     return {"run_id": run_id, "accepted_rows": {name: t.num_rows for name, t in tables.items()}}
-

@@ -1,6 +1,6 @@
 """The collector app: lifespan (open the store, start the writer) and routers.
 
-    uvicorn --factory trainvitals.collector.main:app_from_env
+uvicorn --factory trainvitals.collector.main:app_from_env
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="trainvitals collector",
-        description="Ingests training telemetry, stores it in DuckDB, serves Prometheus and queries.",
+        description="Ingests training telemetry into DuckDB; serves Prometheus and queries.",
         lifespan=lifespan,
         default_response_class=FastJSONResponse,
     )

@@ -23,13 +23,32 @@ router = APIRouter(tags=["metrics"])
 _RUN_GAUGES = (
     ("trainvitals_step", "Latest logged optimizer step.", "step"),
     ("trainvitals_loss", "Training loss at the latest logged step.", "loss"),
-    ("trainvitals_grad_norm", "Global gradient L2 norm (before clipping) at the latest step.", "grad_norm"),
-    ("trainvitals_tokens_per_second", "Job throughput at the latest step, tokens/s.", "tokens_per_s"),
+    (
+        "trainvitals_grad_norm",
+        "Global gradient L2 norm (before clipping) at the latest step.",
+        "grad_norm",
+    ),
+    (
+        "trainvitals_tokens_per_second",
+        "Job throughput at the latest step, tokens/s.",
+        "tokens_per_s",
+    ),
     ("trainvitals_mfu_ratio", "Model FLOPs utilisation at the latest step, 0..1.", "mfu_ratio"),
-    ("trainvitals_achieved_flops_per_second_per_device",
-     "Achieved model FLOP/s of one device at the latest step.", "tflops_per_s_per_device"),
-    ("trainvitals_step_time_seconds", "Wall time of the latest step (slowest rank).", "step_time_s"),
-    ("trainvitals_last_step_timestamp_seconds", "Unix time of the latest logged step.", "time_unix_s"),
+    (
+        "trainvitals_achieved_flops_per_second_per_device",
+        "Achieved model FLOP/s of one device at the latest step.",
+        "tflops_per_s_per_device",
+    ),
+    (
+        "trainvitals_step_time_seconds",
+        "Wall time of the latest step (slowest rank).",
+        "step_time_s",
+    ),
+    (
+        "trainvitals_last_step_timestamp_seconds",
+        "Unix time of the latest logged step.",
+        "time_unix_s",
+    ),
 )
 
 
@@ -48,7 +67,9 @@ class TrainvitalsCollector(Collector):
                 if key in run.latest and run.latest[key] is not None:
                     value = run.latest[key]
                     # Converted where it enters: the store keeps TFLOP/s, Prometheus base units.
-                    g.add_metric([run_id], value * 1e12 if key == "tflops_per_s_per_device" else value)
+                    g.add_metric(
+                        [run_id], value * 1e12 if key == "tflops_per_s_per_device" else value
+                    )
             yield g
         rank = GaugeMetricFamily(
             "trainvitals_rank_step_time_seconds",
@@ -70,32 +91,45 @@ class TrainvitalsCollector(Collector):
 
 def _self_metrics(stats, queue_depth: int):
     requests = CounterMetricFamily(
-        "trainvitals_collector_http_requests", "HTTP requests served, by status code.", labels=["code"]
+        "trainvitals_collector_http_requests",
+        "HTTP requests served, by status code.",
+        labels=["code"],
     )
     for code, n in stats.requests.items():
         requests.add_metric([str(code)], n)
     yield requests
     yield CounterMetricFamily(
-        "trainvitals_collector_rejected_batches", "Ingest requests rejected (4xx): nothing stored.",
+        "trainvitals_collector_rejected_batches",
+        "Ingest requests rejected (4xx): nothing stored.",
         value=stats.rejected_batches,
     )
     rows = CounterMetricFamily(
-        "trainvitals_collector_ingested_rows", "Rows written to the store, by table.", labels=["table"]
+        "trainvitals_collector_ingested_rows",
+        "Rows written to the store, by table.",
+        labels=["table"],
     )
     for table, n in stats.ingested_rows.items():
         rows.add_metric([table], n)
     yield rows
     yield CounterMetricFamily(
-        "trainvitals_collector_write_errors", "Batches the writer failed to store.", value=stats.write_errors
+        "trainvitals_collector_write_errors",
+        "Batches the writer failed to store.",
+        value=stats.write_errors,
     )
     yield GaugeMetricFamily(
-        "trainvitals_collector_queue_depth_batches", "Batches waiting for the writer.", value=queue_depth
+        "trainvitals_collector_queue_depth_batches",
+        "Batches waiting for the writer.",
+        value=queue_depth,
     )
     yield CounterMetricFamily(
-        "trainvitals_collector_write_seconds", "Time spent writing batches.", value=stats.write_seconds_sum
+        "trainvitals_collector_write_seconds",
+        "Time spent writing batches.",
+        value=stats.write_seconds_sum,
     )
     yield CounterMetricFamily(
-        "trainvitals_collector_written_batches", "Batches written to the store.", value=stats.written_batches
+        "trainvitals_collector_written_batches",
+        "Batches written to the store.",
+        value=stats.written_batches,
     )
 
 
@@ -108,5 +142,6 @@ def build_registry(live: LiveState, store: Store) -> CollectorRegistry:
 @router.get("/metrics")
 def metrics(store: Annotated[Store, Depends(get_store)]) -> Response:
     registry = build_registry(store.state, store)
-    return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
-
+    return Response(
+        generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )

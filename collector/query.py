@@ -45,17 +45,24 @@ def _columns(table: pa.Table) -> dict[str, list]:
 
 def _require_run(store: Store, run_id: str) -> None:
     found = store.query(
-        "SELECT 1 FROM steps WHERE run_id = ? UNION ALL SELECT 1 FROM runs WHERE run_id = ? LIMIT 1",
+        "SELECT 1 FROM steps WHERE run_id = ? "
+        "UNION ALL SELECT 1 FROM runs WHERE run_id = ? LIMIT 1",
         [run_id, run_id],
     )
     if found.num_rows == 0:
         raise HTTPException(404, f"no run {run_id!r} in this store")
 
 
-def _step_window(store: Store, run_id: str, start: int, end: int | None, points: int) -> tuple[int, int, int]:
+def _step_window(
+    store: Store, run_id: str, start: int, end: int | None, points: int
+) -> tuple[int, int, int]:
     """(start, end, bucket_steps) for a window holding at most `points` buckets."""
     if end is None:
-        end = store.query("SELECT coalesce(max(step), 0) FROM steps WHERE run_id = ?", [run_id]).column(0)[0].as_py()
+        end = (
+            store.query("SELECT coalesce(max(step), 0) FROM steps WHERE run_id = ?", [run_id])
+            .column(0)[0]
+            .as_py()
+        )
     if end < start:
         raise HTTPException(422, f"end ({end}) is before start ({start})")
     return start, end, max(1, math.ceil((end - start + 1) / points))
@@ -91,10 +98,12 @@ def step_series(
     end: End = None,
     max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000,
 ) -> dict[str, Any]:
-    """Step series, downsampled to at most `max_points` buckets (mean, plus max of loss and grad norm)."""
+    """Step series in at most `max_points` buckets: means, plus maxima of loss and grad norm."""
     _require_run(store, run_id)
     start, end, bucket = _step_window(store, run_id, start, end, max_points)
-    values = [f"avg({c}) AS {c}" for c in _STEP_VALUES] + [f"max({c}) AS {c}_max" for c in _WITH_MAX]
+    values = [f"avg({c}) AS {c}" for c in _STEP_VALUES] + [
+        f"max({c}) AS {c}_max" for c in _WITH_MAX
+    ]
     table = store.query(
         f"""
         SELECT min(step) AS step, {", ".join(values)}
@@ -106,8 +115,17 @@ def step_series(
     return {"bucket_steps": bucket, "columns": _columns(table)}
 
 
-def _grid(store: Store, table: str, key: str, metric: str, run_id: str, start: int,
-          end: int | None, max_steps: int, agg: Agg) -> dict[str, Any]:
+def _grid(
+    store: Store,
+    table: str,
+    key: str,
+    metric: str,
+    run_id: str,
+    start: int,
+    end: int | None,
+    max_steps: int,
+    agg: Agg,
+) -> dict[str, Any]:
     start, end, bucket = _step_window(store, run_id, start, end, max_steps)
     result = store.query(
         f"""
@@ -164,12 +182,20 @@ def run_alerts(run_id: str, store: StoreDep) -> list[dict[str, Any]]:
 
 
 @router.get("/alerts")
-def all_alerts(store: StoreDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
+def all_alerts(
+    store: StoreDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
+) -> list[dict[str, Any]]:
     """The most recent alerts of every run."""
     return _alert_rows(store, "ORDER BY time_unix_s DESC, step DESC", [], limit)
 
 
-def _alert_rows(store: Store, where_order: str, params: list, limit: int = 100_000) -> list[dict[str, Any]]:
+def _alert_rows(
+    store: Store, where_order: str, params: list, limit: int = 100_000
+) -> list[dict[str, Any]]:
     table = store.query(f"SELECT * FROM alerts {where_order} LIMIT ?", [*params, limit])
     cols = _columns(table)
-    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)] if cols else []
+    return (
+        [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+        if cols
+        else []
+    )

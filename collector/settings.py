@@ -13,9 +13,13 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     replay: bool = Field(False, description="serve a stored run read-only; ingest is refused")
-    ingest_token: str = Field("", description="if set, ingest requires 'Authorization: Bearer <token>'")
+    ingest_token: str = Field(
+        "", description="if set, ingest requires 'Authorization: Bearer <token>'"
+    )
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest accepted ingest body")
-    queue_max_batches: int = Field(1024, gt=0, description="batches waiting for the writer; beyond: 503")
+    queue_max_batches: int = Field(
+        1024, gt=0, description="batches waiting for the writer; beyond: 503"
+    )
 
     @field_validator("store_path")
     @classmethod

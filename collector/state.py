@@ -12,11 +12,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.compute as pc
+
 from trainvitals.analyzer import Alert
 
 # steps fields mirrored per run (latest logged step).
-STEP_FIELDS = ("step", "time_unix_s", "loss", "grad_norm", "tokens_per_s", "mfu_ratio",
-               "tflops_per_s_per_device", "step_time_s")
+STEP_FIELDS = (
+    "step",
+    "time_unix_s",
+    "loss",
+    "grad_norm",
+    "tokens_per_s",
+    "mfu_ratio",
+    "tflops_per_s_per_device",
+    "step_time_s",
+)
 
 
 @dataclass
@@ -59,13 +69,50 @@ class LiveState:
             for name, t in tables.items():
                 self.stats.ingested_rows[name] += t.num_rows
 
+    def load(self, query) -> None:
+        """Rebuild the per-run view from a store (at start-up, and in replay mode).
+
+        `query(sql, params)` returns a pyarrow.Table, as Store.query does.
+        """
+        latest = query(
+            f"SELECT {', '.join(STEP_FIELDS)}, run_id FROM steps "
+            "QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY step DESC) = 1",
+            [],
+        ).to_pylist()
+        ranks = query(
+            "SELECT r.run_id, r.step, r.step_time_s FROM ranks r JOIN "
+            "(SELECT run_id, max(step) AS step FROM ranks GROUP BY run_id) m USING (run_id, step)",
+            [],
+        )
+        alerts = query(
+            "SELECT run_id, kind, count(*) AS n FROM alerts GROUP BY ALL", []
+        ).to_pylist()
+        with self._lock:
+            for row in latest:
+                self.runs.setdefault(row.pop("run_id"), RunState()).latest = row
+            for run_id in set(ranks.column("run_id").to_pylist()):
+                mine = ranks.filter(pc.equal(ranks.column("run_id"), run_id))
+                self.runs.setdefault(run_id, RunState()).rank_step_time_s = _rank_summary(mine)
+            for row in alerts:
+                self.runs.setdefault(row["run_id"], RunState()).alerts_by_kind[row["kind"]] = row[
+                    "n"
+                ]
+
     def snapshot(self) -> tuple[dict[str, RunState], CollectorStats]:
         with self._lock:
-            runs = {k: RunState(dict(v.latest), dict(v.rank_step_time_s), Counter(v.alerts_by_kind))
-                    for k, v in self.runs.items()}
+            runs = {
+                k: RunState(dict(v.latest), dict(v.rank_step_time_s), Counter(v.alerts_by_kind))
+                for k, v in self.runs.items()
+            }
             s = self.stats
-            stats = CollectorStats(Counter(s.requests), s.rejected_batches, Counter(s.ingested_rows),
-                                   s.written_batches, s.write_seconds_sum, s.write_errors)
+            stats = CollectorStats(
+                Counter(s.requests),
+                s.rejected_batches,
+                Counter(s.ingested_rows),
+                s.written_batches,
+                s.write_seconds_sum,
+                s.write_errors,
+            )
             return runs, stats
 
     def count_request(self, status: int) -> None:

@@ -56,6 +56,7 @@ class Store:
             self._create_tables()
         self.analyzer = analyzer or Analyzer()
         self.state = state or LiveState()
+        self.state.load(self.query)  # /metrics is whole again after a restart
         self._queue: queue.Queue = queue.Queue(maxsize=queue_max_batches)
         self._writer: threading.Thread | None = None
 
@@ -69,14 +70,18 @@ class Store:
         have = {r[0] for r in self._con.execute(f"DESCRIBE {table.name}").fetchall()}
         for f in table.fields:
             if f.name not in have:
-                self._con.execute(f"ALTER TABLE {table.name} ADD COLUMN {f.name} {DTYPES[f.dtype][0]}")
+                self._con.execute(
+                    f"ALTER TABLE {table.name} ADD COLUMN {f.name} {DTYPES[f.dtype][0]}"
+                )
 
     # ------------------------------------------------------------------ writing
 
     def start(self) -> None:
         if self.read_only:
             return
-        self._writer = threading.Thread(target=self._write_loop, name="trainvitals-writer", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_loop, name="trainvitals-writer", daemon=True
+        )
         self._writer.start()
 
     def submit(self, run_id: str, tables: dict[str, pa.Table]) -> None:
@@ -113,7 +118,9 @@ class Store:
                 batch.append(nxt)
             self._write(cur, batch)
 
-    def _write(self, cur: duckdb.DuckDBPyConnection, batch: list[tuple[str, dict[str, pa.Table]]]) -> None:
+    def _write(
+        self, cur: duckdb.DuckDBPyConnection, batch: list[tuple[str, dict[str, pa.Table]]]
+    ) -> None:
         for run_id, tables in batch:
             start = time.perf_counter()
             try:
@@ -130,7 +137,9 @@ class Store:
         for _ in batch:
             self._queue.task_done()
 
-    def _append(self, cur: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], alerts: list[Alert]) -> None:
+    def _append(
+        self, cur: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], alerts: list[Alert]
+    ) -> None:
         if alerts:
             tables = {**tables, "alerts": _alerts_table(alerts)}
         cur.execute("BEGIN")
@@ -158,7 +167,9 @@ class Store:
             self._queue.put(_STOP)
             self._writer.join(timeout_s)
             if self._writer.is_alive():
-                log.error("writer did not finish within %.0f s; unwritten batches are lost", timeout_s)
+                log.error(
+                    "writer did not finish within %.0f s; unwritten batches are lost", timeout_s
+                )
         self._con.close()
 
     # ------------------------------------------------------------------ reading
@@ -179,6 +190,6 @@ def _alerts_table(alerts: list[Alert]) -> pa.Table:
 
 
 _ALERT_SCHEMA = pa.schema(
-    [("run_id", pa.string())] + [(f.name, pa.type_for_alias(DTYPES[f.dtype][1])) for f in ALERTS.fields]
+    [("run_id", pa.string())]
+    + [(f.name, pa.type_for_alias(DTYPES[f.dtype][1])) for f in ALERTS.fields]
 )
-

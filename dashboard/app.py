@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import pandas as pd
 import streamlit as st
+
 from trainvitals.dashboard import charts
 from trainvitals.dashboard.client import (
     DEFAULT_URL,
@@ -73,32 +74,34 @@ def main() -> None:
     st.set_page_config(page_title="trainvitals", layout="wide")
     st.title("trainvitals")
     url = collector_url(sys.argv[1:], os.environ)
-    try:
-        runs = get_client(url).runs()
-    except CollectorUnavailable:
-        st.error(unreachable_message(url))
-        wait_for_runs(url)
-        return
-    except CollectorError as e:
-        st.error(f"The collector at {url} answered with an error: {e}")
-        return
-    if not runs:
+    runs, problem = runs_or_problem(url)
+    if problem:
+        st.error(problem)
+    elif not runs:
         st.info(f"The collector at {url} holds no runs yet; this page updates when one starts.")
-        wait_for_runs(url)
+    if problem or not runs:
+        rerun_on_change(url, problem)
         return
     run = pick_run(runs)
     start, end = pick_window(run)
     live_panel(url, run.run_id, start, end, tuple(r.run_id for r in runs))
 
 
-@st.fragment(run_every=REFRESH_S)
-def wait_for_runs(url: str) -> None:
-    """Poll until the collector answers with at least one run, then rebuild the page."""
+def runs_or_problem(url: str) -> tuple[list[RunSummary], str | None]:
+    """The collector's runs, or a message saying why there are none to read; never raises."""
     try:
-        runs = get_client(url).runs()
-    except CollectorError:
-        return
-    if runs:
+        return get_client(url).runs(), None
+    except CollectorUnavailable:
+        return [], unreachable_message(url)
+    except CollectorError as e:
+        return [], f"The collector at {url} answered with an error: {e}"
+
+
+@st.fragment(run_every=REFRESH_S)
+def rerun_on_change(url: str, shown_problem: str | None) -> None:
+    """While the page shows an empty state, poll; rebuild the page once the state changes."""
+    runs, problem = runs_or_problem(url)
+    if runs or problem != shown_problem:
         st.rerun()
 
 
@@ -124,7 +127,7 @@ def run_details(run: RunSummary) -> str:
     """Markdown lines describing what the run trains, on what, laid out how."""
     lines = []
     if run.n_params:
-        lines.append(f"**params** {run.n_params / 1e6:,.1f} M")
+        lines.append(f"**params** {count_label(run.n_params)}")
     if run.world_size:
         lines.append(f"**ranks** {run.world_size} (dp {run.dp} x tp {run.tp})")
     if run.device_name or run.device_type:
@@ -133,6 +136,14 @@ def run_details(run: RunSummary) -> str:
         started = dt.datetime.fromtimestamp(run.started_unix_s, tz=dt.UTC)
         lines.append(f"**started** {started:%Y-%m-%d %H:%M:%S} UTC")
     return "  \n".join(lines) or "The run sent no metadata."
+
+
+def count_label(n: int) -> str:
+    """A count as people quote model sizes: 139584 -> "139.6 k", 7.0e9 -> "7.0 B"."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.1f} {suffix}"
+    return str(n)
 
 
 def pick_window(run: RunSummary) -> tuple[int | None, int | None]:
@@ -203,7 +214,7 @@ def headline(client: CollectorClient, run: RunSummary) -> None:
     cols[1].metric("loss", fmt(last.loss, ".4f", missing="non-finite"))
     cols[2].metric("tokens/s", fmt(last.tokens_per_s, ",.0f"))
     cols[3].metric("MFU", fmt(100 * last.mfu_ratio, ".1f", unit=" %"), help=mfu_help)
-    cols[4].metric("TFLOP/s per device", fmt(last.tflops_per_s_per_device, ".1f"))
+    cols[4].metric("TFLOP/s per device", fmt(last.tflops_per_s_per_device, ".4g"))
 
 
 def fmt(value: float, spec: str, missing: str = "n/a", unit: str = "") -> str:

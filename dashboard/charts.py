@@ -18,7 +18,9 @@ MAX_HEATMAP_HEIGHT_PX = 800
 INVALID_CELL_COLOR = "#d62728"
 
 
-def band_line(frame: pd.DataFrame, mean_col: str, max_col: str, title: str, y_title: str):
+def band_line(
+    frame: pd.DataFrame, mean_col: str, max_col: str, title: str, y_title: str
+) -> alt.LayerChart:
     """The bucket mean as a line, with a band up to the bucket's max (e.g. loss spikes)."""
     base = alt.Chart(frame).encode(x=STEP_AXIS)
     band = base.mark_area(opacity=0.25).encode(
@@ -45,7 +47,9 @@ def line(frame: pd.DataFrame, col: str, title: str, y_title: str) -> alt.Chart:
     )
 
 
-def layer_heatmap(frame: pd.DataFrame, bucket_steps: int, value_title: str):
+def layer_heatmap(
+    frame: pd.DataFrame, bucket_steps: int, value_title: str
+) -> alt.Chart | alt.LayerChart:
     """Step x layer heatmap on a log colour scale, layers in model order on the y axis.
 
     `frame` has columns step, layer, layer_name, value (the client's `layers()`). Cells a
@@ -57,14 +61,16 @@ def layer_heatmap(frame: pd.DataFrame, bucket_steps: int, value_title: str):
     return _heatmap(frame, bucket_steps, y, value_title, log_scale=True, n_rows=len(order))
 
 
-def rank_heatmap(frame: pd.DataFrame, bucket_steps: int, value_title: str):
+def rank_heatmap(
+    frame: pd.DataFrame, bucket_steps: int, value_title: str
+) -> alt.Chart | alt.LayerChart:
     """Step x rank heatmap (linear colour scale): a straggler is a bright row."""
     n_ranks = frame["rank"].nunique()
     y = alt.Y("rank:O", title="rank")
     return _heatmap(frame, bucket_steps, y, value_title, log_scale=False, n_rows=n_ranks)
 
 
-def rank_mean_bar(frame: pd.DataFrame, value_title: str):
+def rank_mean_bar(frame: pd.DataFrame, value_title: str) -> alt.LayerChart:
     """Mean of `value` per rank as bars, with a dashed rule at the median over ranks.
 
     A straggler stands above the rule; the median (not the mean) keeps one slow rank
@@ -75,7 +81,7 @@ def rank_mean_bar(frame: pd.DataFrame, value_title: str):
         alt.Chart(means)
         .mark_bar()
         .encode(
-            x=alt.X("rank:O", title="rank"),
+            x=alt.X("rank:O", title="rank", axis=alt.Axis(labelAngle=0)),
             y=alt.Y("value:Q", title=value_title),
             tooltip=["rank:O", alt.Tooltip("value:Q", title=value_title, format=".4g")],
         )
@@ -95,7 +101,7 @@ def _heatmap(
     *,
     log_scale: bool,
     n_rows: int,
-):
+) -> alt.Chart | alt.LayerChart:
     # Each cell spans its bucket of steps: x from the bucket's step to the next bucket's.
     cells = frame.assign(step_end=frame["step"] + bucket_steps)
     valid = cells["value"].notna()

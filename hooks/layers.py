@@ -48,7 +48,9 @@ def find_layers(model: nn.Module) -> LayerMap:
         # Parameters held directly by the root: give them a layer of their own.
         names.append("root")
         modules.append(model)
-        layer_of.update({id(p): len(names) - 1 for p in model.parameters() if id(p) not in layer_of})
+        layer_of.update(
+            {id(p): len(names) - 1 for p in model.parameters() if id(p) not in layer_of}
+        )
     return LayerMap(names, modules, [layer_of[id(p)] for p in model.parameters()])
 
 

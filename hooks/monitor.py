@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -130,7 +129,8 @@ class Monitor:
         self._active = True  # is the step now running a logged one?
         self._reset_activations()
         self._handles = [
-            m.register_forward_hook(self._activation_hook(i)) for i, m in enumerate(self.layers.modules)
+            m.register_forward_hook(self._activation_hook(i))
+            for i, m in enumerate(self.layers.modules)
         ]
 
         run_meta = self._run_metadata(model)  # collective
@@ -148,19 +148,30 @@ class Monitor:
 
     def _run_metadata(self, model: nn.Module) -> dict[str, Any]:
         n_params = sum(p.numel() for p in self.params)  # DTensor.numel() is the global size
-        embed = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters())
+        embed = sum(
+            p.numel()
+            for m in model.modules()
+            if isinstance(m, nn.Embedding)
+            for p in m.parameters()
+        )
         fpt = self.cfg.flops_per_token or 6.0 * (n_params - embed)
-        peak, source = (0.0, "") if self.rank else peak_flops(self.device, self.cfg.peak_flops_per_s)
+        peak, source = (
+            (0.0, "") if self.rank else peak_flops(self.device, self.cfg.peak_flops_per_s)
+        )
         shared = {"run_id": self.cfg.run_id or uuid.uuid4().hex[:12], "host": socket.gethostname()}
         gathered = [shared]
         if self.distributed:
             gathered = [None] * self.world_size
-            dist.all_gather_object(gathered, shared, group=self._group)  # sync point: once, at attach
+            dist.all_gather_object(
+                gathered, shared, group=self._group
+            )  # sync point: once, at attach
         sizes = {}
         if self.mesh is not None:
             sizes = {n: self.mesh.size(i) for i, n in enumerate(self.mesh.mesh_dim_names or ())}
         device_name = (
-            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+            torch.cuda.get_device_name(self.device)
+            if self.device.type == "cuda"
+            else self.device.type
         )
         return {
             "run_id": gathered[0]["run_id"],  # rank 0's id, so every rank agrees
@@ -207,7 +218,9 @@ class Monitor:
         out = torch.zeros(self.layout.n_layers, dtype=torch.float64, device=self.device)
         if not have:
             return out
-        norms = torch._foreach_norm([local(self.params[i].grad) for i in have], 2, dtype=torch.float32)
+        norms = torch._foreach_norm(
+            [local(self.params[i].grad) for i in have], 2, dtype=torch.float32
+        )
         idx = torch.tensor(have, device=self.device)
         sq = torch.stack(norms).double().square() * self._param_weight[idx]
         return out.index_add_(0, self._param_layer[idx], sq)
@@ -226,17 +239,28 @@ class Monitor:
         self._active = self.step_count % self.cfg.log_every == 0
         self._reset_activations()
 
-    def _launch(self, loss: torch.Tensor, tokens: int, lr: float | None, step_time_s: float) -> None:
+    def _launch(
+        self, loss: torch.Tensor, tokens: int, lr: float | None, step_time_s: float
+    ) -> None:
         pin = self.device.type == "cuda"
         w = self._plain_weight  # the loss and token count are replicated like activations
-        host = torch.tensor([*self._act_count, tokens * w, step_time_s, tokens], dtype=torch.float64)
+        host = torch.tensor(
+            [*self._act_count, tokens * w, step_time_s, tokens], dtype=torch.float64
+        )
         host = (host.pin_memory() if pin else host).to(self.device, non_blocking=True)
         n = self.layout.n_layers
         loss = loss.detach().double().reshape(1)
         slots = torch.zeros(self.world_size, 3, dtype=torch.float64, device=self.device)
         slots[self.rank] = torch.cat([host[n + 1 : n + 3], loss])
         vec = torch.cat(
-            [self._grad_sumsq(), self._act_sumsq, host[:n], loss * (tokens * w), host[n : n + 1], slots.flatten()]
+            [
+                self._grad_sumsq(),
+                self._act_sumsq,
+                host[:n],
+                loss * (tokens * w),
+                host[n : n + 1],
+                slots.flatten(),
+            ]
         )
         wait = _no_wait
         if self.distributed:
@@ -297,4 +321,3 @@ class Monitor:
 
 def _no_wait() -> None:
     pass
-

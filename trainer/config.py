@@ -19,7 +19,7 @@ class TrainConfig:
     seq_len: int = 0  # 0: the preset's max_seq_len
     lr: float = 3e-3  # peak learning rate
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 20
+    warmup_steps: int = -1  # -1: a tenth of the run
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
@@ -33,13 +33,16 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
-            raise ValueError(f"TrainConfig.preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+            raise ValueError(
+                f"TrainConfig.preset must be one of {sorted(PRESETS)}, got {self.preset!r}"
+            )
         for name in ("steps", "dp", "tp", "global_batch", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.global_batch % self.dp:
             raise ValueError(
-                f"TrainConfig.global_batch ({self.global_batch}) must be divisible by dp ({self.dp})"
+                f"TrainConfig.global_batch ({self.global_batch}) "
+                f"must be divisible by dp ({self.dp})"
             )
         if self.seq_len < 0 or self.seq_len > PRESETS[self.preset].max_seq_len:
             raise ValueError(
@@ -48,12 +51,19 @@ class TrainConfig:
             )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"TrainConfig.device must be auto, cpu or cuda, got {self.device!r}")
+        if self.warmup_steps == -1:
+            self.warmup_steps = max(1, self.steps // 10)
         if not 0 <= self.warmup_steps <= self.steps:
-            raise ValueError(f"TrainConfig.warmup_steps must be in [0, steps], got {self.warmup_steps}")
+            raise ValueError(
+                f"TrainConfig.warmup_steps must be -1 (auto) or in [0, steps={self.steps}], "
+                f"got {self.warmup_steps}"
+            )
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("TrainConfig: lr must be > 0 and min_lr_ratio in [0, 1]")
         if self.collector and not self.collector.startswith(("http://", "https://")):
-            raise ValueError(f"TrainConfig.collector must be an http(s) URL, got {self.collector!r}")
+            raise ValueError(
+                f"TrainConfig.collector must be an http(s) URL, got {self.collector!r}"
+            )
 
     @property
     def world_size(self) -> int:

@@ -12,13 +12,16 @@ import random
 
 import torch
 
-_SUBJECTS = "the cluster|every rank|the optimizer|a slow node|the collector|our model|the loss".split("|")
-_VERBS = "watches|measures|reduces|gathers|flags|reports|trains|shards|replays|counts".split("|")
+_SUBJECTS = "the cluster|every rank|the optimizer|a slow node|the collector|our model|the loss"
+_VERBS = "watches|measures|reduces|gathers|flags|reports|trains|shards|replays|counts"
 _OBJECTS = (
     "the gradient norm|each layer|the step time|a loss spike|the power draw|every token"
     "|the learning rate|a straggler|the activations|silent corruption"
-).split("|")
-_ADVERBS = "quickly|again|twice|at night|before dawn|without waiting|in order|on time".split("|")
+)
+_ADVERBS = "quickly|again|twice|at night|before dawn|without waiting|in order|on time"
+_SUBJECTS, _VERBS, _OBJECTS, _ADVERBS = (
+    w.split("|") for w in (_SUBJECTS, _VERBS, _OBJECTS, _ADVERBS)
+)
 
 
 def generate_corpus(n_bytes: int, seed: int = 0) -> bytes:
@@ -57,7 +60,9 @@ class ByteBatches:
         """(inputs, targets) of shape (global_batch / dp, seq_len) for this data-parallel rank."""
         if self.global_batch % dp:
             raise ValueError(f"global batch {self.global_batch} is not divisible by dp={dp}")
-        starts = torch.randint(0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=self.gen)
+        starts = torch.randint(
+            0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=self.gen
+        )
         local = starts.view(dp, -1)[dp_rank]
         offsets = torch.arange(self.seq_len + 1)
         windows = self.data[local[:, None] + offsets]

@@ -11,8 +11,14 @@ from .config import TrainConfig
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
     """argv that runs the trainer on `nproc` local ranks (torchrun picks a free port)."""
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", "-m", "trainvitals.trainer.train", *train_args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "trainvitals.trainer.train",
+        *train_args,
     ]
 
 

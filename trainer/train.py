@@ -32,7 +32,7 @@ def cosine_with_warmup(cfg: TrainConfig):
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
+            return (step + 1) / cfg.warmup_steps  # never 0: the first step already learns
         progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -60,22 +60,32 @@ def make_exporter(cfg: TrainConfig, rank: int):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trainvitals.trainer.train", description=__doc__)
     add_arguments(parser)
-    cfg = from_args(parser.parse_args(argv))
+    try:
+        cfg = from_args(parser.parse_args(argv))
+    except ValueError as e:
+        parser.error(str(e))
 
     distributed = "WORLD_SIZE" in os.environ
-    device_type = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device_type = (
+        cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
     mesh, rank, dp_rank = None, 0, 0
     if distributed:
         if int(os.environ["WORLD_SIZE"]) != cfg.world_size:
-            sys.exit(f"error: torchrun started {os.environ['WORLD_SIZE']} ranks but dp x tp = {cfg.world_size}")
+            started = os.environ["WORLD_SIZE"]
+            sys.exit(f"error: torchrun started {started} ranks but dp x tp = {cfg.world_size}")
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
         mesh = build_mesh(device_type, cfg.dp, cfg.tp)
         rank, dp_rank = dist.get_rank(), mesh["dp"].get_local_rank()
     elif cfg.world_size != 1:
-        sys.exit(f"error: dp x tp = {cfg.world_size} needs torchrun (or `trainvitals train --nproc`)")
-    device = torch.device(device_type, torch.cuda.current_device() if device_type == "cuda" else None)
+        sys.exit(
+            f"error: dp x tp = {cfg.world_size} needs torchrun (or `trainvitals train --nproc`)"
+        )
+    device = torch.device(
+        device_type, torch.cuda.current_device() if device_type == "cuda" else None
+    )
 
     # Every rank builds the same full model from the same seed; parallelize() then keeps its shards.
     torch.manual_seed(cfg.seed)
@@ -87,9 +97,13 @@ def main(argv: list[str] | None = None) -> None:
         parallelize(model, mesh)
     params = list(model.parameters())
 
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg))
-    batches = ByteBatches(generate_corpus(cfg.corpus_bytes, cfg.seed), seq_len, cfg.global_batch, cfg.seed)
+    batches = ByteBatches(
+        generate_corpus(cfg.corpus_bytes, cfg.seed), seq_len, cfg.global_batch, cfg.seed
+    )
 
     monitor = attach(
         model,
@@ -100,13 +114,20 @@ def main(argv: list[str] | None = None) -> None:
         model_name=f"llama-{cfg.preset}",
         model_config={**model_cfg.to_dict(), "seq_len": seq_len},
         flops_per_token=flops_per_token(
-            model.num_params(), n_embedding, model_cfg.n_layers,
-            model_cfg.n_heads, model_cfg.head_dim, seq_len,
+            model.num_params(),
+            n_embedding,
+            model_cfg.n_layers,
+            model_cfg.n_heads,
+            model_cfg.head_dim,
+            seq_len,
         ),
         peak_flops_per_s=cfg.peak_flops_per_s or None,
     )
     if rank == 0:
-        print(f"run {monitor.run_id}: llama-{cfg.preset}, dp={cfg.dp} tp={cfg.tp}, {cfg.steps} steps", flush=True)
+        print(
+            f"run {monitor.run_id}: llama-{cfg.preset}, dp={cfg.dp} tp={cfg.tp}, {cfg.steps} steps",
+            flush=True,
+        )
 
     for step in range(cfg.steps):
         inputs, targets = (t.to(device) for t in batches.next(dp_rank, cfg.dp))

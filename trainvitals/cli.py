@@ -15,18 +15,29 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     return run(cfg, args.nproc or cfg.world_size, rest)
 
 
-def _collector(args: argparse.Namespace, _rest: list[str]) -> int:
+def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     import uvicorn
 
     from trainvitals.collector.main import create_app
     from trainvitals.collector.settings import Settings
+    from trainvitals.collector.store import Store, StoreError
+
+    try:  # fail here, with one line, rather than in the server's start-up with a traceback
+        Store(args.store, read_only=args.replay).close()
+    except StoreError as e:
+        return f"error: {e}"
 
     settings = Settings(
-        store_path=args.store, host=args.host, port=args.port, replay=args.replay,
+        store_path=args.store,
+        host=args.host,
+        port=args.port,
+        replay=args.replay,
         **({"ingest_token": args.token} if args.token else {}),
     )
     mode = "replaying" if args.replay else "collecting into"
-    print(f"trainvitals collector on http://{args.host}:{args.port} {mode} {args.store}", flush=True)
+    print(
+        f"trainvitals collector on http://{args.host}:{args.port} {mode} {args.store}", flush=True
+    )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -49,35 +60,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="run the reference Llama trainer (torchrun for several ranks)",
-                       description="Train the reference Llama-style model on FSDP2 x TP with trainvitals hooks.")
+    p = sub.add_parser(
+        "train",
+        help="run the reference Llama trainer (torchrun for several ranks)",
+        description="Train the reference Llama-style model on FSDP2 x TP with trainvitals hooks.",
+    )
     p.add_argument("--nproc", type=int, default=0, help="local ranks to launch (default: dp x tp)")
     train_config.add_arguments(p)
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("collector", help="run the collector (ingest, DuckDB store, /metrics, query API)",
-                       description="Serve ingest, Prometheus /metrics and the query API over a DuckDB store.")
+    p = sub.add_parser(
+        "collector",
+        help="run the collector (ingest, DuckDB store, /metrics, query API)",
+        description="Serve ingest, Prometheus /metrics and the query API over a DuckDB store.",
+    )
     p.add_argument("--store", default="trainvitals.duckdb", help="DuckDB file (created if missing)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--replay", action="store_true", help="serve a stored run read-only; refuse ingest")
+    p.add_argument(
+        "--replay", action="store_true", help="serve a stored run read-only; refuse ingest"
+    )
     p.add_argument("--token", default="", help="require this bearer token on ingest")
     p.set_defaults(func=_collector)
 
-    p = sub.add_parser("dashboard", help="run the Streamlit dashboard against a collector",
-                       description="Serve the dashboard, reading a collector's query API.")
+    p = sub.add_parser(
+        "dashboard",
+        help="run the Streamlit dashboard against a collector",
+        description="Serve the dashboard, reading a collector's query API.",
+    )
     p.add_argument("--collector", default="http://127.0.0.1:8000", help="collector base URL")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=_dashboard)
 
-    p = sub.add_parser("demo", help="collector + dashboard + a 4-rank CPU training run, together",
-                       description="Start the whole stack on this machine; Ctrl-C stops everything.")
+    p = sub.add_parser(
+        "demo",
+        help="collector + dashboard + a 4-rank CPU training run, together",
+        description="Start the whole stack on this machine; Ctrl-C stops everything.",
+    )
     p.add_argument("--store", default="demo-data/demo.duckdb", help="DuckDB file of the demo")
     p.add_argument("--collector-port", type=int, default=8000)
     p.add_argument("--dashboard-port", type=int, default=8501)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--no-dashboard", action="store_true", help="skip the dashboard (headless check)")
+    p.add_argument(
+        "--no-dashboard", action="store_true", help="skip the dashboard (headless check)"
+    )
     p.add_argument("--exit-when-done", action="store_true", help="stop when training ends")
     p.set_defaults(func=_demo)
     return parser

@@ -21,7 +21,9 @@ import httpx
 def _spawn(argv: list[str], log_path: Path | None = None) -> subprocess.Popen:
     # A session of its own: the terminal's Ctrl-C reaches only us, and we stop children in order.
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - owned by the child
-    return subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None)
+    return subprocess.Popen(
+        argv, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None
+    )
 
 
 def _stop(proc: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
@@ -67,20 +69,48 @@ def run_demo(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen] = []
     trainer = None
     try:
-        collector = _spawn([*me, "collector", "--store", str(store), "--port", str(args.collector_port)],
-                           logs / "collector.log")
+        collector = _spawn(
+            [*me, "collector", "--store", str(store), "--port", str(args.collector_port)],
+            logs / "collector.log",
+        )
         procs.append(collector)
         wait_healthy(f"{collector_url}/healthz", collector)
         print(f"collector  {collector_url}  (Prometheus: {collector_url}/metrics)", flush=True)
         if not args.no_dashboard:
-            dashboard = _spawn([*me, "dashboard", "--collector", collector_url,
-                                "--port", str(args.dashboard_port)], logs / "dashboard.log")
+            dashboard = _spawn(
+                [
+                    *me,
+                    "dashboard",
+                    "--collector",
+                    collector_url,
+                    "--port",
+                    str(args.dashboard_port),
+                ],
+                logs / "dashboard.log",
+            )
             procs.append(dashboard)
             wait_healthy(f"http://127.0.0.1:{args.dashboard_port}/_stcore/health", dashboard)
             print(f"dashboard  http://127.0.0.1:{args.dashboard_port}", flush=True)
-        print(f"training   4 CPU ranks (dp=2 x tp=2), {args.steps} steps; logs in {logs}/", flush=True)
-        trainer = _spawn([*me, "train", "--nproc", "4", "--dp", "2", "--tp", "2", "--steps", str(args.steps),
-                          "--collector", collector_url], logs / "train.log")
+        print(
+            f"training   4 CPU ranks (dp=2 x tp=2), {args.steps} steps; logs in {logs}/", flush=True
+        )
+        trainer = _spawn(
+            [
+                *me,
+                "train",
+                "--nproc",
+                "4",
+                "--dp",
+                "2",
+                "--tp",
+                "2",
+                "--steps",
+                str(args.steps),
+                "--collector",
+                collector_url,
+            ],
+            logs / "train.log",
+        )
         code = trainer.wait()
         if code != 0:
             print(f"training failed (exit code {code}); see {logs}/train.log", file=sys.stderr)

@@ -95,7 +95,9 @@ RUNS = Table(
         Field("device_name", "string", "e.g. 'NVIDIA H100 80GB HBM3'"),
         Field("hosts_json", "string", "JSON list: host name of rank 0, 1, ..."),
         Field("flops_per_token", "float64", "training FLOPs per token (see hooks/flops.py)"),
-        Field("peak_flops_per_s", "float64", "peak FLOP/s of one device; NaN if unknown", finite=False),
+        Field(
+            "peak_flops_per_s", "float64", "peak FLOP/s of one device; NaN if unknown", finite=False
+        ),
         Field("peak_flops_source", "string", "where peak_flops_per_s came from"),
     ),
 )
@@ -108,7 +110,9 @@ STEPS = Table(
         Field("step", "int64", "optimizer step, counted from 0"),
         Field("time_unix_s", "float64", "when rank 0 finished the step"),
         Field("loss", "float64", "token-weighted mean training loss", finite=False),
-        Field("grad_norm", "float64", "global L2 norm of all gradients, before clipping", finite=False),
+        Field(
+            "grad_norm", "float64", "global L2 norm of all gradients, before clipping", finite=False
+        ),
         Field("lr", "float64", "learning rate used by the step", required=False),
         Field("tokens", "int64", "tokens processed by the whole job in this step"),
         Field("step_time_s", "float64", "wall time of the step on the slowest rank"),

@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine:
+#   make demo   the whole stack (collector, dashboard, 4-rank CPU training run)
+#   make test   lint and the test suite
+# Both create .venv if it is missing and install what they need into it.
+
+PYTHON ?= python3
+VENV ?= .venv
+# Installed only when torch is not importable; a user's existing torch is never replaced.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.trainvitals-installed
+
+.PHONY: install demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/trainvitals demo
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) demo-data .pytest_cache .ruff_cache

@@ -1,0 +1,69 @@
+"""Detectors on synthetic step streams with known ground truth."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pyarrow as pa
+
+from trainvitals.analyzer import Analyzer
+from trainvitals.analyzer.detectors import LossSpikeDetector, NonFiniteDetector, StepView
+
+
+def _curve(n: int, seed: int, spikes: dict[int, float] | None = None) -> list[float]:
+    """A falling training loss with 2% multiplicative noise; `spikes` multiplies chosen steps."""
+    rng = random.Random(seed)
+    spikes = spikes or {}
+    return [
+        (2.0 + 3.5 * math.exp(-s / 60)) * math.exp(rng.gauss(0, 0.02)) * spikes.get(s, 1.0)
+        for s in range(n)
+    ]
+
+
+def _run(detector, losses: list[float]) -> list:
+    alerts = []
+    for step, loss in enumerate(losses):
+        alerts += detector.observe(StepView("r", step, float(step), loss, 1.0))
+    return alerts
+
+
+def test_loss_spike_detected_at_its_step() -> None:
+    alerts = _run(LossSpikeDetector(), _curve(400, seed=1, spikes={250: 2.0}))
+    assert [a.step for a in alerts] == [250]
+    assert alerts[0].value > 1.9 * alerts[0].baseline
+
+
+def test_no_alert_on_clean_noisy_falling_curves() -> None:
+    for seed in range(20):
+        assert _run(LossSpikeDetector(), _curve(1000, seed)) == []
+
+
+def test_one_alert_per_episode() -> None:
+    spikes = {300 + i: 3.0 for i in range(10)}  # a 10-step excursion
+    assert len(_run(LossSpikeDetector(), _curve(500, 2, spikes))) == 1
+
+
+def test_nonfinite_names_first_bad_layer() -> None:
+    view = StepView(
+        "r", 7, 0.0, math.nan, math.inf, layer_grad_norms=(1.0, 2.0, math.inf, math.nan)
+    )
+    (alert,) = NonFiniteDetector().observe(view)
+    assert alert.step == 7 and alert.layer == 2 and alert.severity == "critical"
+    assert NonFiniteDetector().observe(StepView("r", 8, 0.0, 2.0, 1.0)) == []
+
+
+def test_analyzer_ignores_resent_steps() -> None:
+    losses = _curve(100, 3, spikes={80: 3.0})
+    steps = pa.table(
+        {
+            "step": list(range(100)),
+            "time_unix_s": [0.0] * 100,
+            "loss": losses,
+            "grad_norm": [1.0] * 100,
+        }
+    )
+    analyzer = Analyzer()
+    first = analyzer.observe("r", {"steps": steps})
+    assert [a.step for a in first] == [80]
+    assert analyzer.observe("r", {"steps": steps}) == []

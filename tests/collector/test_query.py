@@ -1,0 +1,79 @@
+"""Query API and /metrics over a store filled through ingest."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import counts, make_batch
+
+
+def _fill(client, **kw) -> None:
+    assert client.post("/api/v1/ingest", content=make_batch(**kw).to_json()).status_code == 202
+    counts(client)
+
+
+def test_runs_and_series(client) -> None:
+    _fill(client, steps=range(100))
+    (run,) = client.get("/api/v1/runs").json()
+    assert run["run_id"] == "r1" and run["last_step"] == 99
+    steps = client.get("/api/v1/runs/r1/steps", params={"max_points": 10}).json()
+    assert steps["bucket_steps"] == 10
+    assert steps["columns"]["step"] == list(range(0, 100, 10))
+    layers = client.get(
+        "/api/v1/runs/r1/layers", params={"metric": "grad_norm", "max_steps": 5}
+    ).json()
+    assert set(layers["step"]) == {0, 20, 40, 60, 80} and set(layers["layer"]) == {0, 1}
+    ranks = client.get("/api/v1/runs/r1/ranks", params={"start": 90, "end": 99}).json()
+    assert ranks["value"][:2] == [0.4, 0.5]
+
+
+def test_downsampling_keeps_a_spike_visible(client) -> None:
+    losses = [2.0] * 1000
+    losses[537] = 50.0
+    _fill(client, steps=range(1000), losses=losses, n_layers=1, world=1)
+    cols = client.get("/api/v1/runs/r1/steps", params={"max_points": 20}).json()["columns"]
+    assert len(cols["step"]) == 20
+    assert max(cols["loss_max"]) == 50.0
+
+
+def test_nonfinite_values_are_served_as_null(client) -> None:
+    _fill(client, steps=range(2), losses=[math.nan, 2.0])
+    cols = client.get("/api/v1/runs/r1/steps").json()["columns"]
+    assert cols["loss"] == [None, 2.0]
+
+
+def test_unknown_run_and_bad_parameters(client) -> None:
+    _fill(client)
+    assert client.get("/api/v1/runs/nope/steps").status_code == 404
+    r = client.get("/api/v1/runs/r1/layers", params={"metric": "drop table steps"})
+    assert r.status_code == 422 and "metric must be one of" in r.json()["detail"]
+    r = client.get("/api/v1/runs/r1/steps", params={"start": 5, "end": 2})
+    assert r.status_code == 422 and "before start" in r.json()["detail"]
+    r = client.get("/api/v1/runs/r1/steps", params={"max_points": "many"})
+    assert r.status_code == 422 and "max_points" in r.json()["detail"]
+
+
+def test_loss_spike_raises_an_alert_in_api_and_metrics(client) -> None:
+    losses = [3.0 - 0.001 * s for s in range(60)]
+    losses[45] = 9.0
+    _fill(client, steps=range(60), losses=losses)
+    alerts = client.get("/api/v1/runs/r1/alerts").json()
+    assert [(a["kind"], a["step"]) for a in alerts] == [("loss_spike", 45)]
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    (sample,) = families["trainvitals_alerts"].samples
+    assert sample.labels == {"run_id": "r1", "kind": "loss_spike"} and sample.value == 1
+
+
+def test_metrics_hold_run_gauges(client) -> None:
+    _fill(client, steps=range(5))
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    (loss,) = families["trainvitals_loss"].samples
+    assert loss.labels == {"run_id": "r1"} and loss.value == 3.0 - 0.04
+    (mfu,) = families["trainvitals_mfu_ratio"].samples
+    assert mfu.value == 0.25
+    stats = {
+        s.labels["stat"]: s.value for s in families["trainvitals_rank_step_time_seconds"].samples
+    }
+    assert stats["max"] == 0.5

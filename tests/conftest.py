@@ -1,0 +1,132 @@
+"""Shared fixtures: real servers on 127.0.0.1 and one real 4-rank training run per session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
+    """Poll `predicate` until it returns something truthy; fail the test on time-out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval_s)
+    pytest.fail(f"condition not met within {timeout_s} s")
+
+
+def run_trainer(args: list[str], nproc: int, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """Run the reference trainer: torchrun for several ranks, a plain process for one."""
+    if nproc > 1:
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "trainvitals.trainer.train",
+            *args,
+        ]
+    else:
+        argv = [sys.executable, "-m", "trainvitals.trainer.train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    assert proc.returncode == 0, f"trainer failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+class CollectorProcess:
+    """`trainvitals collector` in a subprocess, on a free port of 127.0.0.1."""
+
+    def __init__(self, store: Path, *extra: str) -> None:
+        self.store = store
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainvitals",
+                "collector",
+                "--store",
+                str(store),
+                "--port",
+                str(self.port),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait_until(self._healthy, timeout_s=60)
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            pytest.fail(f"collector exited: {self.proc.stdout.read()}")
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[CollectorProcess]:
+    c = CollectorProcess(tmp_path / "store.duckdb")
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Iterator[dict]:
+    """A finished 4-rank (dp=2 x tp=2) run of 12 steps, reported to a live collector."""
+    store = tmp_path_factory.mktemp("run") / "store.duckdb"
+    c = CollectorProcess(store)
+    steps = 12
+    run_trainer(
+        ["--dp", "2", "--tp", "2", "--steps", str(steps), "--run-id", "e2e", "--collector", c.url],
+        nproc=4,
+    )
+    wait_until(lambda: _stored_steps(c.url, "e2e") == steps)
+    yield {
+        "url": c.url,
+        "run_id": "e2e",
+        "steps": steps,
+        "n_layers": 5,
+        "world_size": 4,
+        "collector": c,
+    }
+    c.stop()
+
+
+def _stored_steps(url: str, run_id: str) -> int:
+    runs = httpx.get(f"{url}/api/v1/runs", timeout=5).json()
+    return next(((r["last_step"] or 0) + 1 for r in runs if r["run_id"] == run_id), 0)
+
+
+@pytest.fixture
+def collector_with_run(trained_run: dict) -> str:
+    """Base URL of a live collector holding one finished 4-rank run."""
+    return trained_run["url"]

@@ -1,0 +1,100 @@
+"""The monitor on a single-process model: records, logging interval, and no host syncs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainvitals.hooks import InMemoryExporter, attach
+from trainvitals.trainer.model import PRESETS, Transformer
+
+SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+def _train(monitor, model, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x = torch.randint(0, 256, (2, 16), generator=gen)
+        loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        loss.backward()
+        monitor.step(loss=loss, tokens=x.numel(), lr=0.1)
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.fixture
+def model() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(PRESETS["tiny"])
+
+
+def test_records_for_every_logged_step_and_layer(model) -> None:
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=2, peak_flops_per_s=1e12, run_id="t")
+    _train(monitor, model, 7)
+    monitor.close()
+    (run,) = out.rows("runs")
+    assert run["n_layers"] == 5 and run["world_size"] == 1 and run["peak_flops_per_s"] == 1e12
+    assert [r["step"] for r in out.rows("steps")] == [0, 2, 4, 6]
+    assert len(out.rows("layers")) == 4 * 5 and len(out.rows("ranks")) == 4
+    for row in out.rows("layers"):
+        assert row["grad_norm"] > 0 and row["act_rms"] > 0
+    step = out.rows("steps")[0]
+    assert step["tokens"] == 32 and 0 < step["mfu_ratio"] < 1
+
+
+def test_global_grad_norm_equals_torch_clip_norm(model) -> None:
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12)
+    x = torch.randint(0, 256, (2, 16))
+    F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+    monitor.step(loss=torch.tensor(1.0), tokens=32)
+    expected = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item()
+    monitor.close()
+    assert out.rows("steps")[0]["grad_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_step_makes_no_host_sync(model, monkeypatch) -> None:
+    """During monitor.step on the training thread, no tensor is read back to the host."""
+    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e12)
+    calls: list[str] = []
+    training_thread = threading.current_thread()
+    for name in SYNCING:
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _name=name, _orig=original, **k):
+            if threading.current_thread() is training_thread:
+                calls.append(_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    x = torch.randint(0, 256, (2, 16))
+    loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+    loss.backward()
+    calls.clear()  # count only what the monitor does
+    monitor.step(loss=loss, tokens=32)
+    assert calls == []
+    monkeypatch.undo()
+    monitor.close()
+
+
+def test_bad_config_is_refused(model) -> None:
+    with pytest.raises(ValueError, match="log_every"):
+        attach(model, log_every=0)
+
+
+def test_exporter_failure_never_reaches_training(model) -> None:
+    class Broken:
+        def export(self, batch):
+            raise OSError("disk full")
+
+        def shutdown(self, timeout_s):
+            pass
+
+    monitor = attach(model, exporter=Broken(), peak_flops_per_s=1e12)
+    _train(monitor, model, 2)
+    monitor.close()

@@ -1,0 +1,82 @@
+"""The shared schema: what producers build is what consumers accept, and nothing else."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pytest
+
+from trainvitals.schema import (
+    SCHEMA_VERSION,
+    STORE_TABLES,
+    TABLES,
+    BatchBuilder,
+    SchemaError,
+    ddl,
+    decode_json,
+    to_arrow,
+)
+
+
+def _batch() -> BatchBuilder:
+    b = BatchBuilder("r1")
+    b.append("ranks", step=0, rank=0, step_time_s=0.5, tokens_per_s=100.0, loss=math.nan)
+    b.append("ranks", step=0, rank=1, step_time_s=0.6, tokens_per_s=90.0, loss=2.0)
+    return b
+
+
+def test_round_trip_keeps_values_and_nonfinite() -> None:
+    run_id, tables = to_arrow(decode_json(_batch().to_json()))
+    assert run_id == "r1"
+    ranks = tables["ranks"].to_pydict()
+    assert ranks["run_id"] == ["r1", "r1"]
+    assert ranks["step_time_s"] == [0.5, 0.6]
+    assert math.isnan(ranks["loss"][0]) and ranks["loss"][1] == 2.0
+
+
+def test_builder_refuses_unknown_field() -> None:
+    with pytest.raises(SchemaError, match="unknown fields"):
+        BatchBuilder("r").append("steps", step=1, loss_typo=2.0)
+
+
+def _doc(**changes):
+    doc = orjson.loads(_batch().to_json())
+    doc.update(changes)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (_doc(schema_version=99), "schema_version 99"),
+        (_doc(run_id=""), "run_id"),
+        (_doc(bogus={}), "unknown tables"),
+        (_doc(ranks={"step": [0], "rank": [0]}), "ranks.step_time_s: required field is missing"),
+        (_doc(ranks={**_doc()["ranks"], "rank": ["a", "b"]}), "ranks.rank: expected int64"),
+        (_doc(ranks={**_doc()["ranks"], "rank": [1]}), "different lengths"),
+        (_doc(ranks={**_doc()["ranks"], "step_time_s": ["NaN", 1.0]}), "ranks.step_time_s"),
+        (_doc(ranks={**_doc()["ranks"], "step": [True, False]}), "boolean"),
+        (_doc(ranks={**_doc()["ranks"], "rank": [0, None]}), "null"),
+        (_doc(ranks={**_doc()["ranks"], "extra": [1, 2]}), "unknown fields"),
+        (_doc(ranks=[1, 2]), "must be an object"),
+        ([1, 2], "JSON object"),
+        ({"schema_version": SCHEMA_VERSION, "run_id": "r"}, "holds no table"),
+    ],
+)
+def test_bad_batches_are_refused_with_the_field_named(doc, message) -> None:
+    with pytest.raises(SchemaError, match=message):
+        to_arrow(doc)
+
+
+def test_malformed_json() -> None:
+    with pytest.raises(SchemaError, match="not valid JSON"):
+        decode_json(b"{nope")
+
+
+def test_ddl_declares_every_field_and_key() -> None:
+    for table in STORE_TABLES.values():
+        sql = ddl(table)
+        assert all(f.name in sql for f in table.fields)
+        assert f"PRIMARY KEY ({', '.join(table.key)})" in sql
+    assert set(TABLES) == {"runs", "steps", "layers", "ranks"}
