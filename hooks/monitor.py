@@ -123,6 +123,7 @@ class Monitor:
         )
         self._param_layer = torch.tensor(self.layers.param_layer, device=self.device)
         self._plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
+        self._grad_index: tuple[tuple[int, ...], torch.Tensor] | None = None
 
         self.step_count = 0
         self.dropped_steps = 0
@@ -221,9 +222,18 @@ class Monitor:
         norms = torch._foreach_norm(
             [local(self.params[i].grad) for i in have], 2, dtype=torch.float32
         )
-        idx = torch.tensor(have, device=self.device)
+        idx = self._index_on_device(tuple(have))
         sq = torch.stack(norms).double().square() * self._param_weight[idx]
         return out.index_add_(0, self._param_layer[idx], sq)
+
+    def _index_on_device(self, have: tuple[int, ...]) -> torch.Tensor:
+        """Device tensor of parameter indices, made once per distinct set of gradients.
+
+        Building it every step would copy host memory to the device synchronously.
+        """
+        if self._grad_index is None or self._grad_index[0] != have:
+            self._grad_index = (have, torch.tensor(have, device=self.device))
+        return self._grad_index[1]
 
     def step(self, loss: torch.Tensor, tokens: int, lr: float | None = None) -> None:
         """Mark the end of a training step. Never waits for the device or the network.

@@ -16,6 +16,18 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """GPU tests run where a CUDA device is present and are skipped, visibly, elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

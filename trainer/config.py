@@ -24,6 +24,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     device: str = "auto"  # auto: cuda when available, else cpu
+    dtype: str = "auto"  # compute dtype under autocast; auto: bfloat16 on cuda, float32 on cpu
     corpus_bytes: int = 2_000_000
     collector: str = ""  # collector base URL; empty: no HTTP export
     telemetry_file: str = ""  # also append every telemetry batch to this JSON-lines file
@@ -51,6 +52,10 @@ class TrainConfig:
             )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"TrainConfig.device must be auto, cpu or cuda, got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(
+                f"TrainConfig.dtype must be auto, float32 or bfloat16, got {self.dtype!r}"
+            )
         if self.warmup_steps == -1:
             self.warmup_steps = max(1, self.steps // 10)
         if not 0 <= self.warmup_steps <= self.steps:

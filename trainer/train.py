@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> None:
         device_type, torch.cuda.current_device() if device_type == "cuda" else None
     )
 
+    dtype_name = (
+        cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
+    )
+    compute_dtype = getattr(torch, dtype_name)  # parameters and optimizer stay float32
+
     # Every rank builds the same full model from the same seed; parallelize() then keeps its shards.
     torch.manual_seed(cfg.seed)
     model_cfg = PRESETS[cfg.preset]
@@ -131,7 +136,10 @@ def main(argv: list[str] | None = None) -> None:
 
     for step in range(cfg.steps):
         inputs, targets = (t.to(device) for t in batches.next(dp_rank, cfg.dp))
-        logits = model(inputs)
+        with torch.autocast(
+            device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32
+        ):
+            logits = model(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         loss.backward()
         monitor.step(loss=loss, tokens=targets.numel(), lr=scheduler.get_last_lr()[0])

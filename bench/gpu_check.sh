@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU checks, in one run on a CUDA machine: the hooks' no-sync and correctness tests on
+# CUDA, a reference-trainer run on NCCL through torchrun, and the hooks' overhead on GPU.
+# Usage: bash bench/gpu_check.sh OUTDIR   (the project importable, or this script makes a shim)
+set -u
+out=$(realpath -m "${1:-gpu-check}")
+repo=$PWD
+mkdir -p "$out"
+if ! python3 -c "import trainvitals.hooks" 2>/dev/null; then
+    # No install: expose the component folders under the trainvitals namespace, and run from
+    # the shim so that the checkout's own trainvitals/ folder does not shadow it.
+    shim=$(mktemp -d)
+    cp -r trainvitals "$shim/"
+    for c in trainer hooks collector analyzer dashboard; do ln -s "$repo/$c" "$shim/trainvitals/$c"; done
+    export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
+    cd "$shim"
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,power.draw,clocks.sm --format=csv | tee "$out/nvidia-smi.txt"
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+
+echo "== hooks on CUDA: no host sync, records match torch"
+python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -m gpu \
+    "$repo/tests/hooks/test_gpu.py" 2>&1 | tee "$out/gpu_tests.txt"
+
+echo "== reference trainer on NCCL (torchrun, 1 rank), preset 125m"
+python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m trainvitals.trainer.train \
+    --device cuda --preset 125m --steps 60 --global-batch 16 --telemetry-file "$out/nccl_run.jsonl" \
+    2>&1 | grep -v Warning | tail -8 | tee "$out/nccl_run.txt"
+python3 - "$out/nccl_run.jsonl" <<'PY' | tee -a "$out/nccl_run.txt"
+import json, sys
+steps = [r for line in open(sys.argv[1]) for b in [json.loads(line)] if "steps" in b
+         for r in [dict(zip(b["steps"], v)) for v in zip(*b["steps"].values())]]
+last = steps[-1]
+print(f"steps logged: {len(steps)}; last: loss {last['loss']:.3f}, tokens/s {last['tokens_per_s']:.0f}, "
+      f"TFLOP/s/device {last['tflops_per_s_per_device']:.1f}, MFU {100 * last['mfu_ratio']:.1f}%")
+PY
+
+[ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
+echo "== hook overhead on GPU"
+python3 "$repo/bench/hook_overhead.py" --preset 125m --batch 16 --blocks 10 2>&1 | tail -3 | tee "$out/overhead_125m.txt"
+python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 2>&1 | tail -3 | tee "$out/overhead_1b.txt"
+python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 --log-every 10 2>&1 | tail -3 | tee "$out/overhead_1b_every10.txt"
