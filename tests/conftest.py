@@ -122,15 +122,10 @@ def trained_run(tmp_path_factory) -> Iterator[dict]:
         nproc=4,
     )
     wait_until(lambda: _stored_steps(c.url, "e2e") == steps)
-    yield {
-        "url": c.url,
-        "run_id": "e2e",
-        "steps": steps,
-        "n_layers": 5,
-        "world_size": 4,
-        "collector": c,
-    }
-    c.stop()
+    run = {"url": c.url, "run_id": "e2e", "steps": steps, "n_layers": 5, "world_size": 4}
+    run["collector"] = c
+    yield run
+    run["collector"].stop()  # a test may have restarted it
 
 
 def _stored_steps(url: str, run_id: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -31,4 +32,7 @@ def run(cfg: TrainConfig, nproc: int, train_args: list[str]) -> int:
 
         main(train_args)
         return 0
-    return subprocess.call(torchrun_command(nproc, train_args))
+    # One BLAS thread per rank unless told otherwise (torchrun's own default, set here so it
+    # does not print a banner about it).
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.call(torchrun_command(nproc, train_args), env=env)

@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,11 @@ def make_exporter(cfg: TrainConfig, rank: int):
     if cfg.telemetry_file and rank == 0:
         exporters.append(JsonlExporter(cfg.telemetry_file))
     return MultiExporter(exporters) if exporters else NullExporter()
+
+
+# FSDP2 warns when the root module returns a view, in case the caller modifies it in place;
+# the loop below only reads the logits.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 def main(argv: list[str] | None = None) -> None:
