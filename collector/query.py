@@ -181,6 +181,14 @@ def run_alerts(run_id: str, store: StoreDep) -> list[dict[str, Any]]:
     return _alert_rows(store, "WHERE run_id = ? ORDER BY step", [run_id])
 
 
+@router.get("/runs/{run_id}/events")
+def run_events(run_id: str, store: StoreDep) -> list[dict[str, Any]]:
+    """The run's events in step order: injected faults (ground truth), restarts, checkpoints."""
+    _require_run(store, run_id)
+    table = store.query("SELECT * FROM events WHERE run_id = ? ORDER BY step, rank", [run_id])
+    return _rows(_columns(table))
+
+
 @router.get("/alerts")
 def all_alerts(
     store: StoreDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
@@ -193,9 +201,9 @@ def _alert_rows(
     store: Store, where_order: str, params: list, limit: int = 100_000
 ) -> list[dict[str, Any]]:
     table = store.query(f"SELECT * FROM alerts {where_order} LIMIT ?", [*params, limit])
-    cols = _columns(table)
-    return (
-        [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
-        if cols
-        else []
-    )
+    return _rows(_columns(table))
+
+
+def _rows(cols: dict[str, list]) -> list[dict[str, Any]]:
+    """Columns -> one dict per row."""
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]

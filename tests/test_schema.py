@@ -79,4 +79,4 @@ def test_ddl_declares_every_field_and_key() -> None:
         sql = ddl(table)
         assert all(f.name in sql for f in table.fields)
         assert f"PRIMARY KEY ({', '.join(table.key)})" in sql
-    assert set(TABLES) == {"runs", "steps", "layers", "ranks"}
+    assert set(TABLES) == {"runs", "steps", "layers", "ranks", "events"}

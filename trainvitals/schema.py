@@ -99,6 +99,14 @@ RUNS = Table(
             "peak_flops_per_s", "float64", "peak FLOP/s of one device; NaN if unknown", finite=False
         ),
         Field("peak_flops_source", "string", "where peak_flops_per_s came from"),
+        Field("power_source", "string", "'nvml', 'rapl' or '' (none)", required=False),
+        Field(
+            "power_unavailable",
+            "string",
+            "why power is not reported: sources tried",
+            required=False,
+        ),
+        Field("token_target", "int64", "tokens the run is meant to train on", required=False),
     ),
 )
 
@@ -119,6 +127,19 @@ STEPS = Table(
         Field("tokens_per_s", "float64", "tokens / step_time_s"),
         Field("tflops_per_s_per_device", "float64", "achieved model TFLOP/s of one device"),
         Field("mfu_ratio", "float64", "achieved / peak FLOP/s; NaN if peak unknown", finite=False),
+        Field(
+            "power_w",
+            "float64",
+            "power of all devices of the job, mean over the step",
+            required=False,
+        ),
+        Field("energy_j", "float64", "energy of all devices since the run started", required=False),
+        Field(
+            "nonfinite_count",
+            "int64",
+            "non-finite gradient values since the last logged step",
+            required=False,
+        ),
     ),
 )
 
@@ -131,6 +152,33 @@ LAYERS = Table(
         Field("layer", "int64", "index into the run's layer_names_json"),
         Field("grad_norm", "float64", "L2 norm of the layer's gradients", finite=False),
         Field("act_rms", "float64", "RMS of the layer's output activations", finite=False),
+        Field(
+            "act_max_abs",
+            "float64",
+            "largest |activation| of the layer output",
+            required=False,
+            finite=False,
+        ),
+        Field(
+            "param_norm",
+            "float64",
+            "L2 norm of the layer's parameters",
+            required=False,
+            finite=False,
+        ),
+        Field(
+            "update_rms",
+            "float64",
+            "RMS of the optimizer's change to the parameters",
+            required=False,
+            finite=False,
+        ),
+        Field(
+            "nonfinite_count",
+            "int64",
+            "non-finite gradient values since the last logged step",
+            required=False,
+        ),
     ),
 )
 
@@ -144,11 +192,49 @@ RANKS = Table(
         Field("step_time_s", "float64", "wall time between this rank's step boundaries"),
         Field("tokens_per_s", "float64", "this rank's tokens / step_time_s"),
         Field("loss", "float64", "this rank's local loss", finite=False),
+        Field(
+            "grad_norm_local",
+            "float64",
+            "this rank's gradient norm before reduction",
+            required=False,
+            finite=False,
+        ),
+        Field("compute_time_s", "float64", "forward + backward + optimizer time", required=False),
+        Field("data_time_s", "float64", "time waiting for the next batch", required=False),
+        Field(
+            "wait_time_s",
+            "float64",
+            "time waiting at the step's synchronisation point",
+            required=False,
+        ),
+        Field("power_w", "float64", "device power, mean over the step", required=False),
+        Field("energy_j", "float64", "device energy since the run started", required=False),
+        Field("sm_clock_mhz", "float64", "device SM clock", required=False),
+        Field("temperature_c", "float64", "device temperature", required=False),
+        Field(
+            "canary_fingerprint",
+            "int64",
+            "52-bit hash of the canary computation's result",
+            required=False,
+        ),
+    ),
+)
+
+EVENTS = Table(
+    "events",
+    key=("run_id", "step", "rank", "kind"),
+    doc="Things that happened to the run: injected faults (ground truth), restarts, checkpoints.",
+    fields=(
+        Field("step", "int64", "step at which it happened"),
+        Field("rank", "int64", "rank concerned; -1 for the whole job"),
+        Field("kind", "string", "'fault:<type>', 'restart', 'checkpoint'"),
+        Field("detail", "string", "parameters as a JSON object"),
+        Field("time_unix_s", "float64", "wall-clock time"),
     ),
 )
 
 # Tables a producer may send.
-TABLES: dict[str, Table] = {t.name: t for t in (RUNS, STEPS, LAYERS, RANKS)}
+TABLES: dict[str, Table] = {t.name: t for t in (RUNS, STEPS, LAYERS, RANKS, EVENTS)}
 
 ALERTS = Table(
     "alerts",

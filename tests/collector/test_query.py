@@ -77,3 +77,14 @@ def test_metrics_hold_run_gauges(client) -> None:
         s.labels["stat"]: s.value for s in families["trainvitals_rank_step_time_seconds"].samples
     }
     assert stats["max"] == 0.5
+
+
+def test_events_are_served_in_step_order(client) -> None:
+    b = make_batch()
+    b.append("events", step=2, rank=1, kind="fault:straggler", detail='{"slowdown": 0.2}',
+             time_unix_s=1.0)  # fmt: skip
+    b.append("events", step=1, rank=-1, kind="checkpoint", detail="{}", time_unix_s=0.5)
+    assert client.post("/api/v1/ingest", content=b.to_json()).status_code == 202
+    counts(client)
+    events = client.get("/api/v1/runs/r1/events").json()
+    assert [(e["step"], e["kind"]) for e in events] == [(1, "checkpoint"), (2, "fault:straggler")]
