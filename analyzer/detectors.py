@@ -26,6 +26,18 @@ class StepView:
     grad_norm: float
     # Per-layer gradient norms in layer order, when the step carried them.
     layer_grad_norms: tuple[float, ...] = ()
+    tokens_per_s: float = math.nan
+    step_time_s: float = math.nan
+    # Per-rank values in rank order, when the step carried them (None where not reported).
+    ranks: RankView | None = None
+
+
+@dataclass(frozen=True)
+class RankView:
+    compute_time_s: tuple[float | None, ...]
+    wait_time_s: tuple[float | None, ...]
+    loss: tuple[float, ...]
+    canary_fingerprint: tuple[int | None, ...]
 
 
 class NonFiniteDetector:
@@ -130,7 +142,3 @@ def _median(sorted_values: list[float]) -> float:
     n = len(sorted_values)
     mid = n // 2
     return sorted_values[mid] if n % 2 else 0.5 * (sorted_values[mid - 1] + sorted_values[mid])
-
-
-def default_detectors() -> list:
-    return [NonFiniteDetector(), LossSpikeDetector()]

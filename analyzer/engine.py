@@ -13,7 +13,17 @@ from collections.abc import Callable
 from typing import Any
 
 from .alerts import Alert
-from .detectors import StepView, default_detectors
+from .detectors import LossSpikeDetector, NonFiniteDetector, RankView, StepView
+from .sdc import CanaryDetector
+from .straggler import StragglerDetector
+
+_STEP_COLUMNS = ["step", "time_unix_s", "loss", "grad_norm", "tokens_per_s", "step_time_s"]
+_RANK_COLUMNS = ["compute_time_s", "wait_time_s", "loss", "canary_fingerprint"]
+
+
+def default_detectors() -> list:
+    """A fresh set of detectors for one run."""
+    return [NonFiniteDetector(), LossSpikeDetector(), StragglerDetector(), CanaryDetector()]
 
 
 class Analyzer:
@@ -27,15 +37,20 @@ class Analyzer:
         if steps is None or steps.num_rows == 0:
             return []
         layer_norms = _layer_grad_norms(tables.get("layers"))
+        rank_views = _rank_views(tables.get("ranks"))
         detectors = self._detectors.setdefault(run_id, self._make())
         alerts: list[Alert] = []
-        for row in sorted(
-            steps.select(["step", "time_unix_s", "loss", "grad_norm"]).to_pylist(), key=_step
-        ):
+        present = [c for c in _STEP_COLUMNS if c in steps.column_names]
+        for row in sorted(steps.select(present).to_pylist(), key=_step):
             if row["step"] <= self._last_step[run_id]:
                 continue
             self._last_step[run_id] = row["step"]
-            view = StepView(run_id=run_id, layer_grad_norms=layer_norms.get(row["step"], ()), **row)
+            view = StepView(
+                run_id=run_id,
+                layer_grad_norms=layer_norms.get(row["step"], ()),
+                ranks=rank_views.get(row["step"]),
+                **row,
+            )
             for d in detectors:
                 alerts.extend(d.observe(view))
         return alerts
@@ -54,3 +69,18 @@ def _layer_grad_norms(layers: Any) -> dict[int, tuple[float, ...]]:
     for step, layer, norm in zip(cols["step"], cols["layer"], cols["grad_norm"], strict=True):
         by_step[step].append((layer, norm))
     return {s: tuple(v for _, v in sorted(pairs)) for s, pairs in by_step.items()}
+
+
+def _rank_views(ranks: Any) -> dict[int, RankView]:
+    """step -> per-rank values in rank order, from a ranks table (or None)."""
+    if ranks is None or ranks.num_rows == 0:
+        return {}
+    present = [c for c in _RANK_COLUMNS if c in ranks.column_names]
+    rows: dict[int, list[dict]] = defaultdict(list)
+    for row in ranks.select(["step", "rank", *present]).to_pylist():
+        rows[row["step"]].append(row)
+    views = {}
+    for step, rs in rows.items():
+        rs.sort(key=lambda r: r["rank"])
+        views[step] = RankView(**{c: tuple(r.get(c) for r in rs) for c in _RANK_COLUMNS})
+    return views

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import queue
 import socket
 import threading
@@ -37,12 +39,16 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainvitals.schema import BatchBuilder
 
+from .canary import Canary
 from .exporter import Exporter, HttpExporter, NullExporter
 from .flops import peak_flops
 from .layers import find_layers, local, plain_activation_weight, replication_weight
-from .records import StepMeta, VectorLayout, append_step
+from .power import PowerSampler
+from .records import RANK_SLOT, StepMeta, VectorLayout, append_step
 
 log = logging.getLogger(__name__)
+
+_LOSS, _CANARY = RANK_SLOT.index("loss"), RANK_SLOT.index("canary_fingerprint")
 
 
 @dataclass
@@ -59,6 +65,9 @@ class MonitorConfig:
     model_config: dict[str, Any] = field(default_factory=dict)
     # Mesh dims along which a block's plain-tensor output is identical (see layers.py).
     activation_replicated_dims: tuple[str, ...] = ("tp",)
+    canary_every: int = 50  # logged steps carry an SDC canary fingerprint this often; 0: off
+    canary_dtype: str = ""  # "": bfloat16 on CUDA, float32 elsewhere (the usual training dtype)
+    power_interval_s: float = 0.1  # power sampling period; 0: no power sampling
 
     def __post_init__(self) -> None:
         if self.log_every < 1:
@@ -69,6 +78,15 @@ class MonitorConfig:
             raise ValueError("MonitorConfig.queue_size must be >= 1")
         if self.flops_per_token is not None and self.flops_per_token <= 0:
             raise ValueError("MonitorConfig.flops_per_token must be > 0")
+        if self.canary_every < 0 or self.power_interval_s < 0:
+            raise ValueError("MonitorConfig.canary_every and power_interval_s must be >= 0")
+        if self.canary_dtype not in ("", "float32", "bfloat16", "float16"):
+            raise ValueError(f"MonitorConfig.canary_dtype: unknown dtype {self.canary_dtype!r}")
+
+
+@dataclass
+class _Event:
+    row: dict[str, Any]
 
 
 @dataclass
@@ -127,6 +145,10 @@ class Monitor:
 
         self.step_count = 0
         self.dropped_steps = 0
+        canary_dtype = cfg.canary_dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
+        self.canary = Canary(self.device, getattr(torch, canary_dtype))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.power = PowerSampler(self.device, local_rank, cfg.power_interval_s or None)
         self._active = True  # is the step now running a logged one?
         self._reset_activations()
         self._handles = [
@@ -144,6 +166,7 @@ class Monitor:
         )
         self._thread.start()
         self._last_step_end = time.perf_counter()
+        self._last_cpu_s = time.thread_time()
 
     # ------------------------------------------------------------------ set-up (may sync)
 
@@ -191,6 +214,8 @@ class Monitor:
             "flops_per_token": float(fpt),
             "peak_flops_per_s": peak,
             "peak_flops_source": source,
+            "power_source": self.power.source,
+            "power_unavailable": self.power.unavailable,
         }
 
     # ------------------------------------------------------------------ hot path (no sync)
@@ -241,37 +266,60 @@ class Monitor:
         loss: this rank's loss tensor (on the device; not read here). tokens: tokens this
         rank processed in the step. lr: the learning rate the step used, if known.
         """
-        now = time.perf_counter()
+        now, arrival_unix_s, cpu_s = time.perf_counter(), time.time(), time.thread_time()
         step_time_s, self._last_step_end = now - self._last_step_end, now
+        # CPU time of the training thread: what this rank computed, excluding time blocked in
+        # collectives waiting for others. Meaningless when a GPU does the work.
+        compute_time_s = cpu_s - self._last_cpu_s if self.device.type == "cpu" else math.nan
+        self._last_cpu_s = cpu_s
         if self._active:
-            self._launch(loss, tokens, lr, step_time_s)
+            timing = {
+                "step_time_s": step_time_s,
+                "compute_time_s": compute_time_s,
+                "arrival_unix_s": arrival_unix_s,
+            }
+            self._launch(loss, tokens, lr, timing)
         self.step_count += 1
         self._active = self.step_count % self.cfg.log_every == 0
         self._reset_activations()
 
     def _launch(
-        self, loss: torch.Tensor, tokens: int, lr: float | None, step_time_s: float
+        self, loss: torch.Tensor, tokens: int, lr: float | None, timing: dict[str, float]
     ) -> None:
         pin = self.device.type == "cuda"
         w = self._plain_weight  # the loss and token count are replicated like activations
+        n = self.layout.n_layers
+        power = self.power.read()
+        host_slot = {
+            **timing,
+            "tokens": tokens,
+            "power_w": power.power_w,
+            "energy_j": power.energy_j,
+            "sm_clock_mhz": power.sm_clock_mhz,
+            "temperature_c": power.temperature_c,
+        }
+        # One host->device copy (pinned, non-blocking) for every host-side number.
         host = torch.tensor(
-            [*self._act_count, tokens * w, step_time_s, tokens], dtype=torch.float64
+            [*self._act_count, tokens * w, *(host_slot.get(k, 0.0) for k in RANK_SLOT)],
+            dtype=torch.float64,
         )
         host = (host.pin_memory() if pin else host).to(self.device, non_blocking=True)
-        n = self.layout.n_layers
         loss = loss.detach().double().reshape(1)
-        slots = torch.zeros(self.world_size, 3, dtype=torch.float64, device=self.device)
-        slots[self.rank] = torch.cat([host[n + 1 : n + 3], loss])
-        vec = torch.cat(
-            [
-                self._grad_sumsq(),
-                self._act_sumsq,
-                host[:n],
-                loss * (tokens * w),
-                host[n : n + 1],
-                slots.flatten(),
-            ]
+        slot = host[n + 1 :].clone()
+        slot[_LOSS] = loss[0]
+        slot[_CANARY] = (
+            self.canary.run().double()
+            if self.cfg.canary_every and self.step_count % self.cfg.canary_every == 0
+            else math.nan
         )
+        slots = torch.zeros(
+            self.world_size, len(RANK_SLOT), dtype=torch.float64, device=self.device
+        )
+        slots[self.rank] = slot
+        vec = torch.cat(
+            [self._grad_sumsq(), self._act_sumsq, host[:n], loss * (tokens * w), host[n : n + 1],
+             slots.flatten()]
+        )  # fmt: skip
         wait = _no_wait
         if self.distributed:
             work = dist.all_reduce(vec, group=self._group, async_op=True)
@@ -302,7 +350,9 @@ class Monitor:
                 item = None
             if item is _STOP:
                 break
-            if item is not None:
+            if isinstance(item, _Event):
+                builder.append("events", **item.row)
+            elif item is not None:
                 item.wait()  # the background thread, not training, waits for the device
                 if self.rank == 0:
                     append_step(builder, self.layout, item.values.numpy(), item.meta)
@@ -318,8 +368,23 @@ class Monitor:
         except Exception:  # an exporter must not raise; if one does, training goes on
             log.exception("trainvitals exporter failed")
 
+    def event(self, kind: str, step: int, rank: int = -1, **detail: Any) -> None:
+        """Record an event (an injected fault, a restart, a checkpoint). Never blocks."""
+        row = {
+            "step": step,
+            "rank": rank,
+            "kind": kind,
+            "detail": json.dumps(detail),
+            "time_unix_s": time.time(),
+        }
+        try:
+            self._queue.put_nowait(_Event(row))
+        except queue.Full:
+            self.dropped_steps += 1
+
     def close(self, timeout_s: float = 30.0) -> None:
-        """Flush what is pending and stop the background thread. Call on every rank."""
+        """Flush what is pending and stop the background threads. Call on every rank."""
+        self.power.close()
         for h in self._handles:
             h.remove()
         self._queue.put(_STOP)

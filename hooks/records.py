@@ -2,12 +2,13 @@
 
 Every rank fills the same float64 vector; a SUM all-reduce then yields global values:
 
-    [grad_sumsq x L | act_sumsq x L | act_count x L | loss*tokens | tokens | rank slots x W*3]
+    [grad_sumsq x L | act_sumsq x L | act_count x L | loss*tokens | tokens | rank slots x W*S]
 
 Sums of squares and counts are already weighted by 1/copies (see layers.py), so the sum
-over ranks counts every element once. Each rank writes only its own rank slot
-(step_time_s, tokens, loss) and leaves the others zero, so the same SUM gathers every
-rank's timing: O(layers + ranks) numbers, one collective.
+over ranks counts every element once. Each rank writes only its own rank slot (the S
+values of RANK_SLOT) and leaves the others zero, so the same SUM gathers every rank's
+timing, power and fingerprint: O(layers + ranks) numbers, one collective. A value a rank
+does not have is NaN in its own slot, and stays NaN after the sum (NaN + 0).
 """
 
 from __future__ import annotations
@@ -20,7 +21,20 @@ import numpy as np
 
 from trainvitals.schema import BatchBuilder
 
-RANK_SLOT = ("step_time_s", "tokens", "loss")
+# What each rank reports about itself. Fingerprints are 52-bit integers, exact in float64.
+RANK_SLOT = (
+    "step_time_s",  # host wall time between this rank's step boundaries
+    "tokens",
+    "loss",  # this rank's local loss
+    "compute_time_s",  # CPU: the training thread's CPU time; NaN on CUDA (not measured yet)
+    "arrival_unix_s",  # when the rank reached the step boundary (the hooks' collective)
+    "canary_fingerprint",  # NaN on steps without a canary
+    "power_w",
+    "energy_j",
+    "sm_clock_mhz",
+    "temperature_c",
+)
+_SLOT = {name: i for i, name in enumerate(RANK_SLOT)}
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,7 @@ class VectorLayout:
         return float(v[base]), float(v[base + 1])
 
     def rank_slots(self, v: np.ndarray) -> np.ndarray:
-        """(world_size, 3) array of step_time_s, tokens, loss per rank."""
+        """(world_size, len(RANK_SLOT)) array, columns named by RANK_SLOT."""
         return v[3 * self.n_layers + 2 :].reshape(self.world_size, len(RANK_SLOT))
 
 
@@ -64,15 +78,21 @@ def _safe_div(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
 def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta: StepMeta) -> None:
     """Turn one reduced vector into a steps row, L layers rows and W ranks rows."""
     ranks = layout.rank_slots(v)
     loss_x_tokens, tokens = layout.loss_and_tokens(v)
     # In a synchronous job the step ends when the slowest rank ends.
-    step_time_s = float(ranks[:, 0].max())
+    step_time_s = float(ranks[:, _SLOT["step_time_s"]].max())
     tokens_per_s = _safe_div(tokens, step_time_s)
     tflops_per_device = tokens_per_s * meta.flops_per_token / layout.world_size / 1e12
     grad_sumsq = layout.grad_sumsq(v)
+    power = ranks[:, _SLOT["power_w"]]
+    energy = ranks[:, _SLOT["energy_j"]]
     builder.append(
         "steps",
         step=meta.step,
@@ -85,6 +105,9 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
         tokens_per_s=tokens_per_s,
         tflops_per_s_per_device=tflops_per_device,
         mfu_ratio=tflops_per_device * 1e12 / meta.peak_flops_per_s,
+        # Job totals over the ranks that report power; None when none does.
+        power_w=float(np.nansum(power)) if np.isfinite(power).any() else None,
+        energy_j=float(np.nansum(energy)) if np.isfinite(energy).any() else None,
     )
     act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
     for layer in range(layout.n_layers):
@@ -95,13 +118,25 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
             grad_norm=math.sqrt(grad_sumsq[layer]),
             act_rms=float(act_rms[layer]),
         )
+    # The release of the step's synchronisation point is the last rank's arrival: every
+    # other rank waits that long for it (clocks of different hosts agree to NTP accuracy).
+    arrival = ranks[:, _SLOT["arrival_unix_s"]]
+    release = float(arrival.max())
     for rank in range(layout.world_size):
-        step_time, rank_tokens, loss = (float(x) for x in ranks[rank])
+        slot = {name: float(x) for name, x in zip(RANK_SLOT, ranks[rank], strict=True)}
+        fingerprint = slot["canary_fingerprint"]
         builder.append(
             "ranks",
             step=meta.step,
             rank=rank,
-            step_time_s=step_time,
-            tokens_per_s=_safe_div(rank_tokens, step_time),
-            loss=loss,
+            step_time_s=slot["step_time_s"],
+            tokens_per_s=_safe_div(slot["tokens"], slot["step_time_s"]),
+            loss=slot["loss"],
+            compute_time_s=_finite_or_none(slot["compute_time_s"]),
+            wait_time_s=release - slot["arrival_unix_s"],
+            canary_fingerprint=int(fingerprint) if math.isfinite(fingerprint) else None,
+            power_w=_finite_or_none(slot["power_w"]),
+            energy_j=_finite_or_none(slot["energy_j"]),
+            sm_clock_mhz=_finite_or_none(slot["sm_clock_mhz"]),
+            temperature_c=_finite_or_none(slot["temperature_c"]),
         )

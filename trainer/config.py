@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .model import PRESETS
 
@@ -31,6 +31,8 @@ class TrainConfig:
     run_id: str = ""
     log_every: int = 1
     peak_flops_per_s: float = 0.0  # 0: from the device table or measured
+    canary_every: int = 50  # logged steps between SDC canary fingerprints; 0: off
+    inject: list[str] = field(default_factory=list)  # faults, see trainer/faults.py
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -78,9 +80,11 @@ class TrainConfig:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field: --global-batch for global_batch, and so on."""
     for f in dataclasses.fields(TrainConfig):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, dest=f.name
-        )
+        flag = "--" + f.name.replace("_", "-")
+        if f.default_factory is list:  # repeatable: --inject A --inject B
+            parser.add_argument(flag, action="append", default=[], dest=f.name, metavar="SPEC")
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default, dest=f.name)
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

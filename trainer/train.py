@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import sys
+import time
 import warnings
 
 import torch
@@ -24,6 +25,7 @@ from trainvitals.hooks.flops import flops_per_token
 
 from .config import TrainConfig, add_arguments, from_args
 from .data import ByteBatches, generate_corpus
+from .faults import FaultInjector
 from .model import PRESETS, Transformer
 from .parallel import build_mesh, parallelize
 
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     add_arguments(parser)
     try:
         cfg = from_args(parser.parse_args(argv))
+        FaultInjector(cfg.inject, 0, cfg.world_size)  # the specs are checked before any set-up
     except ValueError as e:
         parser.error(str(e))
 
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             seq_len,
         ),
         peak_flops_per_s=cfg.peak_flops_per_s or None,
+        canary_every=cfg.canary_every,
     )
     if rank == 0:
         print(
@@ -140,21 +144,36 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
 
+    injector = FaultInjector(cfg.inject, rank, cfg.world_size)
+    last_step_s = 0.0
     for step in range(cfg.steps):
-        inputs, targets = (t.to(device) for t in batches.next(dp_rank, cfg.dp))
+        injector.record(monitor, step)
+        injector.arm_sdc(model, monitor, step)
+        injector.crash_or_hang(step)
+        start_s, start_cpu_s = time.perf_counter(), time.thread_time()
+        inputs, targets = injector.batch(
+            step, *(t.to(device) for t in batches.next(dp_rank, cfg.dp))
+        )
         with torch.autocast(
             device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32
         ):
             logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss = injector.loss(step, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
         loss.backward()
-        monitor.step(loss=loss, tokens=targets.numel(), lr=scheduler.get_last_lr()[0])
+        # A straggler's extra work scales with its own compute time (CPU) or last step (GPU).
+        compute_s = time.thread_time() - start_cpu_s if device.type == "cpu" else last_step_s
+        injector.slow_down(step, compute_s, device)
+        lr_factor = injector.lr_factor(step)
+        monitor.step(loss=loss, tokens=targets.numel(), lr=scheduler.get_last_lr()[0] * lr_factor)
         clip_grad_norm_(params, cfg.grad_clip)
+        for group in optimizer.param_groups:
+            group["lr"] *= lr_factor  # the scheduler's next step sets it back
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0 and (step % 50 == 0 or step == cfg.steps - 1):
             print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)  # .item() is a sync point
+        last_step_s = time.perf_counter() - start_s
 
     monitor.close()
     if distributed:
