@@ -7,7 +7,9 @@ names nobody. Two per-rank signals do:
 - arrival order at the step's synchronisation point: the rank everyone waits for arrives
   last, with the shortest wait.
 A rank is named when, over the last `window` logged steps, its median compute ratio is at
-least 1 + `min_slowdown` and it arrived last in at least `min_last_fraction` of them. Where
+least 1 + `min_slowdown` and it arrived last in at least `min_last_fraction` of them. The
+default 8% sits under the 10% slowdown that must always be caught and above the 2-6%
+rank-to-rank asymmetry measured on 4 CPU ranks sharing 2 cores. Where
 compute time is not reported (GPU ranks, for now), arrival order alone decides, with a
 stricter `gpu_last_fraction` and a wait that costs the others at least `min_slowdown` of
 the step. Requiring a whole window of evidence keeps one-off hiccups and the slow drift
@@ -28,8 +30,8 @@ from .detectors import StepView
 @dataclass
 class StragglerDetector:
     window: int = 10
-    min_slowdown: float = 0.05
-    min_last_fraction: float = 0.5
+    min_slowdown: float = 0.08
+    min_last_fraction: float = 0.7
     gpu_last_fraction: float = 0.8
     kind: str = "straggler"
     _history: deque = field(default_factory=deque, repr=False)  # per step: (ratios, last, lost)

@@ -1,0 +1,44 @@
+"""Detectors on real 4-rank runs: injected faults are found and named; clean runs stay quiet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from tests.conftest import run_trainer
+from trainvitals.analyzer import Analyzer
+from trainvitals.schema import to_arrow
+
+COMMON = ["--dp", "2", "--tp", "2", "--steps", "60", "--canary-every", "10"]
+
+
+def _replay(path: Path) -> tuple[list, list]:
+    """(alerts the live collector would raise, ground-truth events) for a telemetry file."""
+    analyzer, alerts, events = Analyzer(), [], []
+    for line in path.read_bytes().splitlines():
+        run_id, tables = to_arrow(orjson.loads(line))
+        alerts += analyzer.observe(run_id, tables)
+        if "events" in tables:
+            events += tables["events"].to_pylist()
+    return alerts, events
+
+
+def test_injected_straggler_and_sdc_are_found_on_the_right_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "faulty.jsonl"
+    faults = ["--inject", "straggler:rank=1,step=15,slowdown=0.4", "--inject", "sdc:rank=2,step=30"]
+    run_trainer([*COMMON, *faults, "--telemetry-file", str(out)], nproc=4)
+    alerts, events = _replay(out)
+    truth = {(e["kind"], e["rank"], e["step"]) for e in events}
+    assert truth == {("fault:straggler", 1, 15), ("fault:sdc", 2, 30)}
+    by_kind = {a.kind: a for a in alerts}
+    assert by_kind["straggler"].rank == 1 and 15 <= by_kind["straggler"].step < 45
+    assert by_kind["sdc"].rank == 2 and by_kind["sdc"].step == 30  # the first canary after it
+    assert {a.kind for a in alerts} == {"straggler", "sdc"}, [a.message for a in alerts]
+
+
+def test_clean_run_raises_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "clean.jsonl"
+    run_trainer([*COMMON, "--telemetry-file", str(out)], nproc=4)
+    alerts, events = _replay(out)
+    assert events == [] and alerts == [], [a.message for a in alerts]
