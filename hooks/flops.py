@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -30,13 +31,34 @@ def flops_per_token(
     return float(dense + attention)
 
 
-# Dense (no sparsity) BF16 tensor-core peaks from the vendors' data sheets, FLOP/s.
-# The hooks issue completes this table (FP8, more devices); these are what MFU needs now.
-PEAK_BF16_FLOPS_PER_S = {
-    "A100": 312e12,
-    "H100": 989e12,
-    "H200": 989e12,
+@dataclass(frozen=True)
+class Peak:
+    """Dense (no structured sparsity) tensor peaks of one device, FLOP/s, from its data sheet."""
+
+    bf16: float
+    fp8: float | None  # None: the device has no FP8 matrix unit
+    board_power_w: float | None = None  # maximum board power (TDP), for energy plans
+
+
+# Matched by substring of the device name, in this order (GB200 before B200).
+PEAKS: dict[str, Peak] = {
+    "GB200": Peak(bf16=2.5e15, fp8=5.0e15, board_power_w=1200),  # per Blackwell GPU of a GB200
+    "B200": Peak(bf16=2.25e15, fp8=4.5e15, board_power_w=1000),
+    "H200": Peak(bf16=989e12, fp8=1979e12, board_power_w=700),
+    "H100": Peak(bf16=989e12, fp8=1979e12, board_power_w=700),  # SXM
+    "A100": Peak(bf16=312e12, fp8=None, board_power_w=400),  # Ampere has no FP8
+    "MI355X": Peak(bf16=2516.6e12, fp8=5033.2e12, board_power_w=1400),
+    "MI300X": Peak(bf16=1307.4e12, fp8=2614.9e12, board_power_w=750),
+    "TPU v5p": Peak(bf16=459e12, fp8=None),  # v5p multiplies int8 (918 TOPS), not FP8
 }
+
+
+def lookup_peak(device_name: str) -> tuple[str, Peak] | None:
+    """(table key, peak) of the first entry whose key is in `device_name`, else None."""
+    for key, peak in PEAKS.items():
+        if key.lower() in device_name.lower():
+            return key, peak
+    return None
 
 
 def measure_cpu_peak_flops(seconds: float = 0.3, n: int = 512) -> float:
@@ -50,17 +72,19 @@ def measure_cpu_peak_flops(seconds: float = 0.3, n: int = 512) -> float:
     return 2 * n**3 * count / elapsed
 
 
-def peak_flops(device: torch.device, override: float | None = None) -> tuple[float, str]:
-    """(peak FLOP/s of one device, where the figure came from)."""
+def peak_flops(
+    device: torch.device, override: float | None = None, precision: str = "bf16"
+) -> tuple[float, str]:
+    """(peak FLOP/s of one device at `precision` ('bf16' or 'fp8'), where the figure came from)."""
     if override is not None:
         if override <= 0:
             raise ValueError(f"peak_flops_per_s must be positive, got {override}")
         return override, "configured"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, value in PEAK_BF16_FLOPS_PER_S.items():
-            if key in name:
-                return value, f"table:{key}:bf16"
+        found = lookup_peak(name)
+        if found is not None and getattr(found[1], precision) is not None:
+            return getattr(found[1], precision), f"table:{found[0]}:{precision}"
         warnings.warn(
             f"no peak FLOP/s known for {name!r}: MFU will be reported as NaN; "
             "pass peak_flops_per_s to attach() to set it",

@@ -61,6 +61,7 @@ class MonitorConfig:
     queue_size: int = 1024  # logged steps waiting for export; more are counted and dropped
     flops_per_token: float | None = None  # None: 6 x non-embedding params (no attention term)
     peak_flops_per_s: float | None = None  # None: from the device table or measured on CPU
+    peak_precision: str = "bf16"  # which column of the peak table: "bf16" or "fp8"
     model_name: str = ""
     model_config: dict[str, Any] = field(default_factory=dict)
     # Mesh dims along which a block's plain-tensor output is identical (see layers.py).
@@ -78,6 +79,10 @@ class MonitorConfig:
             raise ValueError("MonitorConfig.queue_size must be >= 1")
         if self.flops_per_token is not None and self.flops_per_token <= 0:
             raise ValueError("MonitorConfig.flops_per_token must be > 0")
+        if self.peak_precision not in ("bf16", "fp8"):
+            raise ValueError(
+                f"MonitorConfig.peak_precision must be bf16 or fp8, got {self.peak_precision!r}"
+            )
         if self.canary_every < 0 or self.power_interval_s < 0:
             raise ValueError("MonitorConfig.canary_every and power_interval_s must be >= 0")
         if self.canary_dtype not in ("", "float32", "bfloat16", "float16"):
@@ -180,7 +185,9 @@ class Monitor:
         )
         fpt = self.cfg.flops_per_token or 6.0 * (n_params - embed)
         peak, source = (
-            (0.0, "") if self.rank else peak_flops(self.device, self.cfg.peak_flops_per_s)
+            (0.0, "")
+            if self.rank
+            else peak_flops(self.device, self.cfg.peak_flops_per_s, self.cfg.peak_precision)
         )
         shared = {"run_id": self.cfg.run_id or uuid.uuid4().hex[:12], "host": socket.gethostname()}
         gathered = [shared]

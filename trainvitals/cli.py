@@ -54,6 +54,14 @@ def _demo(args: argparse.Namespace, _rest: list[str]) -> int:
     return run_demo(args)
 
 
+def _plan(args: argparse.Namespace, _rest: list[str]) -> int:
+    from trainvitals.plan import describe, plan
+
+    p = plan(args.params, args.tokens, args.gpu, args.count, args.mfu, args.precision, args.power_w)
+    print(describe(p))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainvitals", description="Health monitoring for distributed training runs."
@@ -107,6 +115,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--exit-when-done", action="store_true", help="stop when training ends")
     p.set_defaults(func=_demo)
+    p = sub.add_parser(
+        "plan",
+        help="FLOPs, days and energy of a training run, before it starts",
+        description="Estimate a run's compute (6 N D), wall time and energy.",
+    )
+    p.add_argument("--params", type=float, required=True, help="parameters, e.g. 1e11")
+    p.add_argument("--tokens", type=float, required=True, help="training tokens, e.g. 1.5e13")
+    p.add_argument("--gpu", required=True, help="device, a key of the peak table, e.g. H100")
+    p.add_argument("--count", type=int, required=True, help="number of devices")
+    p.add_argument("--mfu", type=float, default=0.4, help="expected MFU, 0..1 (default 0.4)")
+    p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16")
+    p.add_argument(
+        "--power-w", type=float, default=None, help="power per device (default: board power)"
+    )
+    p.set_defaults(func=_plan)
     return parser
 
 
