@@ -6,6 +6,7 @@ table and field, and none of its rows are stored.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import zlib
 from typing import Annotated, Any
@@ -20,6 +21,8 @@ from .settings import Settings
 from .store import QueueFull, Store, StoreError
 
 router = APIRouter(tags=["ingest"])
+
+COMMIT_TIMEOUT_S = 30.0
 
 
 def _check_token(settings: Settings, authorization: str | None) -> None:
@@ -72,7 +75,7 @@ async def ingest(
     store: Annotated[Store, Depends(get_store)],
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
-    """Accept one schema batch (JSON, optionally gzip). 202: queued for writing."""
+    """Store one schema batch (JSON, optionally gzip). 202 once it is committed."""
     _check_token(settings, authorization)
     if store.read_only:
         raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
@@ -85,9 +88,14 @@ async def ingest(
     except SchemaError as e:
         raise HTTPException(422, str(e)) from e
     try:
-        store.submit(run_id, tables)
+        committed = store.submit(run_id, tables)
     except QueueFull as e:
         raise HTTPException(503, f"{e}; retry later", headers={"Retry-After": "1"}) from e
     except StoreError as e:
         raise HTTPException(409, str(e)) from e
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(committed), COMMIT_TIMEOUT_S)
+    except (StoreError, TimeoutError) as e:
+        # Not acknowledged: the sender keeps the batch and resends it (keys make that safe).
+        raise HTTPException(503, f"batch not stored ({e or 'timed out'}); resend it") from e
     return {"run_id": run_id, "accepted_rows": {name: t.num_rows for name, t in tables.items()}}

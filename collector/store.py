@@ -1,9 +1,11 @@
 """The DuckDB store: one connection per process, one writer thread, cursors for readers.
 
-Ingest hands validated Arrow tables to `submit`, which only enqueues. The writer thread
-wakes as soon as a batch is queued, runs the analyzer on the new records and appends
-records and alerts in one transaction per batch: a batch is stored whole or
-not at all. `INSERT OR IGNORE` on each table's key makes a resent batch a no-op.
+Ingest hands validated Arrow tables to `submit`, which enqueues them and returns a future.
+The writer thread wakes as soon as a batch is queued, runs the analyzer on the new records
+and appends records and alerts in one transaction per batch: a batch is stored whole or not
+at all, and ingest answers only once the future says it is committed, so an acknowledged
+batch survives a kill -9 of the collector. `INSERT OR IGNORE` on each table's key makes a
+resent batch a no-op.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import duckdb
@@ -84,14 +87,20 @@ class Store:
         )
         self._writer.start()
 
-    def submit(self, run_id: str, tables: dict[str, pa.Table]) -> None:
-        """Queue one validated batch for writing. Raises QueueFull when the writer is behind."""
+    def submit(self, run_id: str, tables: dict[str, pa.Table]) -> Future:
+        """Queue one validated batch; the future completes once it is committed.
+
+        Raises QueueFull when the writer is behind. The future fails with StoreError if the
+        batch could not be written (nothing of it is stored then).
+        """
         if self.read_only:
             raise StoreError("store is open read-only (replay mode)")
+        done: Future = Future()
         try:
-            self._queue.put_nowait((run_id, tables))
+            self._queue.put_nowait((run_id, tables, done))
         except queue.Full as e:
             raise QueueFull(f"write queue is full ({self._queue.maxsize} batches)") from e
+        return done
 
     @property
     def queue_depth(self) -> int:
@@ -118,22 +127,22 @@ class Store:
                 batch.append(nxt)
             self._write(cur, batch)
 
-    def _write(
-        self, cur: duckdb.DuckDBPyConnection, batch: list[tuple[str, dict[str, pa.Table]]]
-    ) -> None:
-        for run_id, tables in batch:
+    def _write(self, cur: duckdb.DuckDBPyConnection, batch: list[tuple]) -> None:
+        for run_id, tables, done in batch:
             start = time.perf_counter()
             try:
                 alerts = self.analyzer.observe(run_id, tables)
                 self._append(cur, tables, alerts)
-            except Exception:
-                # Counted and exported (trainvitals_collector_write_errors_total); the
-                # collector keeps serving and later batches still land.
+            except Exception as e:
+                # Counted and exported (trainvitals_collector_write_errors_total); the sender
+                # hears of it and resends; later batches still land.
                 log.exception("writing a batch of run %s failed", run_id)
                 self.state.count_write(None)
+                done.set_exception(StoreError(f"batch not stored: {e}"))
                 continue
             self.state.update(run_id, tables, alerts)
             self.state.count_write(time.perf_counter() - start)
+            done.set_result(None)
         for _ in batch:
             self._queue.task_done()
 
