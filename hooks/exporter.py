@@ -1,8 +1,8 @@
 """Where telemetry batches go: small exporters with `export` / `force_flush` / `shutdown`.
 
 Exporters run on the monitor's background thread, never in the training step. They must
-not raise: a failure is logged, counted in `failed_batches` and the batch is dropped (the
-collector issue adds a disk spool so that nothing is lost while the collector is down).
+not raise: a failure is logged and counted; HttpExporter spools undelivered batches to disk
+and resends them, in order, when the collector is back.
 `NullExporter` is the off switch, `InMemoryExporter` the one tests read back.
 """
 
@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from trainvitals.schema import BatchBuilder
+
+from .spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +66,21 @@ class InMemoryExporter:
 
 
 class HttpExporter:
-    """POSTs JSON batches to a collector's ingest endpoint, with bounded retries."""
+    """POSTs JSON batches to a collector; spools what cannot be delivered and resends it.
+
+    Delivery order is kept: while anything is spooled, new batches join the spool behind
+    it, and each export first tries to drain the spool. A batch the collector rejects as
+    invalid (4xx) is not retried: it is logged and counted in `rejected_batches`.
+    """
 
     def __init__(
         self,
         url: str,
         token: str | None = None,
+        spool_dir: str | Path | None = None,
         timeout_s: float = 5.0,
-        retries: int = 3,
-        backoff_s: float = 0.5,
+        retries: int = 2,
+        backoff_s: float = 0.25,
     ) -> None:
         import httpx
 
@@ -80,31 +89,70 @@ class HttpExporter:
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._client = httpx.Client(timeout=timeout_s, headers=headers)
+        self.spool = Spool(spool_dir) if spool_dir else None
         self.retries = retries
         self.backoff_s = backoff_s
         self.sent_batches = 0
-        self.failed_batches = 0
+        self.rejected_batches = 0
+        self.dropped_batches = 0  # neither delivered nor spooled (no spool, or disk full)
 
     def export(self, batch: BatchBuilder) -> bool:
         body = batch.to_json()
+        if self.spool is not None and self._drain() and len(self.spool):
+            return self._keep(body)  # the collector is still away: queue behind the others
+        delivered = self._send(body)
+        return self._keep(body) if delivered is None else delivered
+
+    def _send(self, body: bytes) -> bool | None:
+        """True: stored. False: rejected for good. None: not delivered (try again later)."""
         for attempt in range(self.retries + 1):
             try:
                 resp = self._client.post(self.url, content=body)
                 if resp.status_code < 300:
                     self.sent_batches += 1
                     return True
-                if 400 <= resp.status_code < 500:
-                    # The collector rejected the batch itself: resending cannot help.
+                if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
+                    # The collector judged the batch itself: resending cannot help.
                     log.error("collector rejected a batch (%s): %s", resp.status_code, resp.text)
-                    break
+                    self.rejected_batches += 1
+                    return False
                 log.warning("collector answered %s; retrying", resp.status_code)
             except Exception as e:  # network errors of every kind: never into training
                 log.warning("export to %s failed (%s); attempt %d", self.url, e, attempt + 1)
             time.sleep(self.backoff_s * 2**attempt)
-        self.failed_batches += 1
+        return None
+
+    def _drain(self) -> bool:
+        """Resend spooled batches in order; True if the spool was touched at all."""
+        pending = self.spool.pending()
+        for path in pending:
+            if self._send(path.read_bytes()) is None:
+                return True  # still unreachable; keep the rest in order
+            path.unlink()
+        return bool(pending)
+
+    def _keep(self, body: bytes) -> bool:
+        if self.spool is None:
+            self.dropped_batches += 1
+            return False
+        try:
+            self.spool.put(body)
+        except OSError as e:
+            log.error("cannot spool a batch to %s (%s); it is lost", self.spool.dir, e)
+            self.dropped_batches += 1
         return False
 
     def shutdown(self, timeout_s: float) -> None:
+        if self.spool is not None and len(self.spool):
+            self._drain()
+            if left := len(self.spool):
+                log.warning(
+                    "%d telemetry batches remain in %s; the next run sends them, or "
+                    "`trainvitals import %s --collector URL`",
+                    left,
+                    self.spool.dir,
+                    self.spool.dir,
+                )
         self._client.close()
 
 

@@ -45,6 +45,7 @@ from .flops import peak_flops
 from .layers import find_layers, local, plain_activation_weight, replication_weight
 from .power import PowerSampler
 from .records import RANK_SLOT, StepMeta, VectorLayout, append_step
+from .spool import default_spool_dir
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,10 @@ def attach(
     Telemetry goes to `exporter`, else to the collector at `collector_url`, else nowhere.
     Keyword arguments are MonitorConfig fields. Collective: every rank must call it.
     """
-    if exporter is None:
-        exporter = HttpExporter(collector_url) if collector_url else NullExporter()
+    if exporter is None and collector_url:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        exporter = HttpExporter(collector_url, spool_dir=default_spool_dir(rank))
+    exporter = exporter or NullExporter()
     return Monitor(model, mesh, exporter, MonitorConfig(**config))
 
 

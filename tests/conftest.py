@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,11 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config) -> None:
+    # Undelivered telemetry of test runs spools here, not into the user's ~/.cache.
+    os.environ.setdefault("TRAINVITALS_SPOOL_DIR", tempfile.mkdtemp(prefix="trainvitals-spool-"))
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -69,9 +75,9 @@ def run_trainer(args: list[str], nproc: int, timeout_s: float = 300) -> subproce
 class CollectorProcess:
     """`trainvitals collector` in a subprocess, on a free port of 127.0.0.1."""
 
-    def __init__(self, store: Path, *extra: str) -> None:
+    def __init__(self, store: Path, *extra: str, port: int | None = None) -> None:
         self.store = store
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [
@@ -101,6 +107,11 @@ class CollectorProcess:
 
     def stop(self) -> None:
         self.proc.terminate()
+        self.proc.wait(30)
+
+    def kill(self) -> None:
+        """kill -9: no shutdown hook runs, nothing is flushed."""
+        self.proc.kill()
         self.proc.wait(30)
 
 

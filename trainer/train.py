@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from trainvitals.hooks import attach
 from trainvitals.hooks.exporter import HttpExporter, JsonlExporter, MultiExporter, NullExporter
 from trainvitals.hooks.flops import flops_per_token
+from trainvitals.hooks.spool import default_spool_dir
 
 from .config import TrainConfig, add_arguments, from_args
 from .data import ByteBatches, generate_corpus
@@ -54,7 +55,7 @@ def clip_grad_norm_(params: list[torch.nn.Parameter], max_norm: float) -> None:
 def make_exporter(cfg: TrainConfig, rank: int):
     exporters = []
     if cfg.collector:
-        exporters.append(HttpExporter(cfg.collector))
+        exporters.append(HttpExporter(cfg.collector, spool_dir=default_spool_dir(rank)))
     if cfg.telemetry_file and rank == 0:
         exporters.append(JsonlExporter(cfg.telemetry_file))
     return MultiExporter(exporters) if exporters else NullExporter()

@@ -42,10 +42,17 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     return 0
 
 
-def _dashboard(args: argparse.Namespace, _rest: list[str]) -> int:
-    from trainvitals.dashboard.launch import run_dashboard
+def _dashboard(args: argparse.Namespace, _rest: list[str]) -> int | str:
+    from pathlib import Path
 
-    return run_dashboard(args.collector, port=args.port, host=args.host)
+    from trainvitals.dashboard.launch import run_dashboard, run_replay
+
+    if args.store is None:
+        return run_dashboard(args.collector, port=args.port, host=args.host)
+    try:
+        return run_replay(Path(args.store), port=args.port, host=args.host)
+    except RuntimeError as e:  # the replay collector did not start; it said why above
+        return f"error: {e}"
 
 
 def _demo(args: argparse.Namespace, _rest: list[str]) -> int:
@@ -60,6 +67,14 @@ def _plan(args: argparse.Namespace, _rest: list[str]) -> int:
     p = plan(args.params, args.tokens, args.gpu, args.count, args.mfu, args.precision, args.power_w)
     print(describe(p))
     return 0
+
+
+def _import(args: argparse.Namespace, _rest: list[str]) -> int:
+    from pathlib import Path
+
+    from trainvitals.importer import run_import
+
+    return run_import(Path(args.path), args.collector, args.token)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,10 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "dashboard",
-        help="run the Streamlit dashboard against a collector",
-        description="Serve the dashboard, reading a collector's query API.",
+        help="run the Streamlit dashboard against a collector, or replay a stored run",
+        description="Serve the dashboard, reading a collector's query API; with --store, "
+        "start a read-only collector on that store first (a post-mortem). Ctrl-C stops both.",
     )
-    p.add_argument("--collector", default="http://127.0.0.1:8000", help="collector base URL")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--collector", default="http://127.0.0.1:8000", help="collector base URL")
+    source.add_argument("--store", help="DuckDB store to replay (instead of --collector)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=_dashboard)
@@ -115,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--exit-when-done", action="store_true", help="stop when training ends")
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser(
+        "import",
+        help="load a telemetry file or spool directory into a collector",
+        description="Send recorded telemetry (a --telemetry-file, or a spool directory) to a "
+        "collector. Safe to repeat: nothing is stored twice.",
+    )
+    p.add_argument("path", help="JSON-lines telemetry file, or spool directory")
+    p.add_argument("--collector", default="http://127.0.0.1:8000", help="collector base URL")
+    p.add_argument("--token", default="", help="bearer token, if the collector requires one")
+    p.set_defaults(func=_import)
+
     p = sub.add_parser(
         "plan",
         help="FLOPs, days and energy of a training run, before it starts",

@@ -66,6 +66,8 @@ def run_demo(args: argparse.Namespace) -> int:
     logs = store.parent
     collector_url = f"http://127.0.0.1:{args.collector_port}"
     me = [sys.executable, "-m", "trainvitals"]
+    # The demo's undelivered telemetry (if any) stays beside its store.
+    os.environ.setdefault("TRAINVITALS_SPOOL_DIR", str(store.parent / "spool"))
     procs: list[subprocess.Popen] = []
     trainer = None
     try:

@@ -1,0 +1,43 @@
+"""A directory of batches that could not be delivered yet, resent in order.
+
+Each batch is one file, named by a sequence number, written to a temporary name and renamed
+so that a crash never leaves half a batch behind. Resending is safe at any time: every
+record has an idempotent key (run, step[, layer or rank]), so a batch the collector already
+stored is ignored there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class Spool:
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        numbers = [int(p.stem) for p in self.dir.glob("*.json") if p.stem.isdigit()]
+        self._next = max(numbers, default=-1) + 1
+
+    def put(self, body: bytes) -> None:
+        """Keep one batch (raises OSError if the disk refuses)."""
+        final = self.dir / f"{self._next:012d}.json"
+        tmp = final.with_suffix(".tmp")
+        tmp.write_bytes(body)
+        os.replace(tmp, final)
+        self._next += 1
+
+    def pending(self) -> list[Path]:
+        """Spooled batches, oldest first."""
+        return sorted(self.dir.glob("*.json"))
+
+    def __len__(self) -> int:
+        return len(self.pending())
+
+
+def default_spool_dir(rank: int) -> Path:
+    """$TRAINVITALS_SPOOL_DIR/rank<k>, else ~/.cache/trainvitals/spool/rank<k>."""
+    root = (
+        os.environ.get("TRAINVITALS_SPOOL_DIR") or Path.home() / ".cache" / "trainvitals" / "spool"
+    )
+    return Path(root) / f"rank{rank}"

@@ -1,0 +1,71 @@
+"""Delivery: spooled while the collector is away, resent in order, never duplicated."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import orjson
+
+from tests.collector.conftest import make_batch
+from tests.conftest import CollectorProcess, free_port
+from trainvitals.hooks.exporter import HttpExporter
+
+
+def _stored_steps(store: Path, run_id: str = "r1") -> list[int]:
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        rows = con.execute("SELECT step FROM steps WHERE run_id = ? ORDER BY step", [run_id])
+        return [r[0] for r in rows.fetchall()]
+    finally:
+        con.close()
+
+
+def test_batches_spool_while_the_collector_is_down_and_resend_in_order(tmp_path: Path) -> None:
+    port = free_port()
+    exporter = HttpExporter(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool",
+                            retries=0, backoff_s=0.01)  # fmt: skip
+    for first in (0, 3, 6):
+        assert exporter.export(make_batch(steps=range(first, first + 3))) is False
+    assert [p.name for p in exporter.spool.pending()] == [f"{i:012d}.json" for i in range(3)]
+    collector = CollectorProcess(tmp_path / "store.duckdb", port=port)
+    try:
+        assert exporter.export(make_batch(steps=range(9, 12))) is True
+        assert exporter.spool.pending() == [] and exporter.dropped_batches == 0
+        # A resend of what is already stored changes nothing.
+        assert exporter.export(make_batch(steps=range(0, 12))) is True
+    finally:
+        collector.stop()
+    assert _stored_steps(tmp_path / "store.duckdb") == list(range(12))
+
+
+def test_rejected_batch_is_not_spooled(tmp_path: Path, collector) -> None:
+    exporter = HttpExporter(collector.url, spool_dir=tmp_path / "spool")
+    bad = make_batch()
+    bad._columns["steps"]["loss"][0] = "not a number"
+    assert exporter.export(bad) is False
+    assert exporter.rejected_batches == 1 and exporter.spool.pending() == []
+
+
+def test_import_loads_a_file_once_and_names_a_bad_line(tmp_path: Path, collector) -> None:
+    good = [make_batch(steps=range(i, i + 2)).to_json() for i in (0, 2)]
+    bad = orjson.loads(good[0])
+    bad["steps"]["step"] = ["x", "y"]
+    path = tmp_path / "telemetry.jsonl"
+    path.write_bytes(b"\n".join([good[0], orjson.dumps(bad), good[1]]) + b"\n")
+    argv = [sys.executable, "-m", "trainvitals", "import", str(path), "--collector", collector.url]
+    for _ in range(2):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1
+        assert "line 2: rejected (422): steps.step: expected int64" in r.stdout
+        assert "2 batches stored, 1 rejected" in r.stdout
+    collector.stop()
+    assert _stored_steps(collector.store) == [0, 1, 2, 3]
+
+
+def test_import_of_a_missing_path() -> None:
+    r = subprocess.run([sys.executable, "-m", "trainvitals", "import", "/nonexistent.jsonl"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "does not exist" in r.stdout

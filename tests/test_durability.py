@@ -1,0 +1,53 @@
+"""kill -9 of the collector in the middle of a real run: every record ends up stored once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+
+from tests.conftest import CollectorProcess, wait_until
+
+STEPS = 150
+
+
+def _last_step(url: str) -> int:
+    try:
+        runs = httpx.get(f"{url}/api/v1/runs", timeout=2).json()
+    except httpx.HTTPError:
+        return -1
+    return runs[0]["last_step"] if runs and runs[0]["last_step"] is not None else -1
+
+
+def test_spool_resends_after_kill_9_and_nothing_is_lost_or_doubled(tmp_path: Path) -> None:
+    store = tmp_path / "store.duckdb"
+    collector = CollectorProcess(store)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAINVITALS_SPOOL_DIR": str(tmp_path / "spool")}
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+         "-m", "trainvitals.trainer.train", "--dp", "2", "--tp", "2", "--steps", str(STEPS),
+         "--run-id", "k9", "--collector", collector.url],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _last_step(collector.url) >= 5, timeout_s=120, interval_s=0.2)
+        collector.kill()
+        time.sleep(3)  # the run goes on; its batches spool
+        collector = CollectorProcess(store, port=collector.port)
+        output, _ = trainer.communicate(timeout=300)
+        assert trainer.returncode == 0, output
+    finally:
+        trainer.kill()
+        collector.stop()
+    con = duckdb.connect(str(store), read_only=True)
+    q = "SELECT count(*), count(DISTINCT ({k})) FROM {t} WHERE run_id = 'k9'"
+    assert con.execute(q.format(k="step", t="steps")).fetchone() == (STEPS, STEPS)
+    assert con.execute(q.format(k="step, layer", t="layers")).fetchone() == (STEPS * 5,) * 2
+    assert con.execute(q.format(k="step, rank", t="ranks")).fetchone() == (STEPS * 4,) * 2
+    con.close()
+    assert list((tmp_path / "spool").glob("rank*/*.json")) == []
