@@ -29,15 +29,25 @@ python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m trainvitals.
     2>&1 | grep -v Warning | tail -8 | tee "$out/nccl_run.txt"
 python3 - "$out/nccl_run.jsonl" <<'PY' | tee -a "$out/nccl_run.txt"
 import json, sys
-steps = [r for line in open(sys.argv[1]) for b in [json.loads(line)] if "steps" in b
-         for r in [dict(zip(b["steps"], v)) for v in zip(*b["steps"].values())]]
+tables = {}
+for line in open(sys.argv[1]):
+    for name, cols in json.loads(line).items():
+        if isinstance(cols, dict):
+            tables.setdefault(name, []).extend(dict(zip(cols, v)) for v in zip(*cols.values()))
+run, steps, ranks = tables["runs"][0], tables["steps"], tables["ranks"]
 last = steps[-1]
 print(f"steps logged: {len(steps)}; last: loss {last['loss']:.3f}, tokens/s {last['tokens_per_s']:.0f}, "
       f"TFLOP/s/device {last['tflops_per_s_per_device']:.1f}, MFU {100 * last['mfu_ratio']:.1f}%")
+print(f"peak {run['peak_flops_per_s']:.3g} FLOP/s ({run['peak_flops_source']}); "
+      f"power source {run['power_source']!r} {run['power_unavailable']}")
+r = ranks[-1]
+print(f"last step, rank 0: power {r['power_w']} W, energy {r['energy_j']} J, "
+      f"SM clock {r['sm_clock_mhz']} MHz, {r['temperature_c']} C; job energy {last['energy_j']} J")
+prints = {x['canary_fingerprint'] for x in ranks if x['canary_fingerprint'] is not None}
+print(f"canary fingerprints seen: {len(prints)} distinct over the run (1 expected on one healthy GPU)")
 PY
 
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
 echo "== hook overhead on GPU"
 python3 "$repo/bench/hook_overhead.py" --preset 125m --batch 16 --blocks 10 2>&1 | tail -3 | tee "$out/overhead_125m.txt"
 python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 2>&1 | tail -3 | tee "$out/overhead_1b.txt"
-python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 --log-every 10 2>&1 | tail -3 | tee "$out/overhead_1b_every10.txt"

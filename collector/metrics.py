@@ -77,15 +77,34 @@ class TrainvitalsCollector(Collector):
             labels=["run_id", "stat"],
         )
         alerts = CounterMetricFamily(
-            "trainvitals_alerts", "Alerts raised by the analyzer.", labels=["run_id", "kind"]
+            "trainvitals_alerts",
+            "Alerts raised by the analyzer, by kind and culprit rank ('' when none).",
+            labels=["run_id", "kind", "rank"],
+        )
+        dropped = CounterMetricFamily(
+            "trainvitals_telemetry_dropped",
+            "Logged steps and batches the run's hooks dropped (queue full, spool unwritable).",
+            labels=["run_id"],
+        )
+        ended = GaugeMetricFamily(
+            "trainvitals_run_end_timestamp_seconds",
+            "Unix time at which the run reported a clean end; absent while it runs.",
+            labels=["run_id"],
         )
         for run_id, run in runs.items():
             for stat, value in run.rank_step_time_s.items():
                 rank.add_metric([run_id, stat], value)
-            for kind, count in run.alerts_by_kind.items():
-                alerts.add_metric([run_id, kind], count)
+            for (kind, culprit), count in run.alerts_by_kind.items():
+                # '' when the alert names no rank: Prometheus treats an empty label as absent.
+                alerts.add_metric([run_id, kind, "" if culprit is None else str(culprit)], count)
+            if "step" in run.latest:  # 0 from the first step on, so increase() sees the first drop
+                dropped.add_metric([run_id], run.latest.get("telemetry_dropped") or 0)
+            if run.ended_unix_s is not None:
+                ended.add_metric([run_id], run.ended_unix_s)
         yield rank
         yield alerts
+        yield dropped
+        yield ended
         yield from _self_metrics(stats, self.store.queue_depth)
 
 

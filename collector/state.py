@@ -18,6 +18,7 @@ from trainvitals.analyzer import Alert
 
 # steps fields mirrored per run (latest logged step).
 STEP_FIELDS = (
+    "telemetry_dropped",
     "step",
     "time_unix_s",
     "loss",
@@ -33,7 +34,9 @@ STEP_FIELDS = (
 class RunState:
     latest: dict[str, float] = field(default_factory=dict)
     rank_step_time_s: dict[str, float] = field(default_factory=dict)  # median, p99, max
+    # (kind, culprit rank or None) -> alerts raised
     alerts_by_kind: Counter = field(default_factory=Counter)
+    ended_unix_s: float | None = None  # when the run reported a clean end
 
 
 @dataclass
@@ -65,7 +68,12 @@ class LiveState:
             ranks = tables.get("ranks")
             if ranks is not None and ranks.num_rows:
                 run.rank_step_time_s = _rank_summary(ranks)
-            run.alerts_by_kind.update(a.kind for a in alerts)
+            run.alerts_by_kind.update((a.kind, a.rank) for a in alerts)
+            events = tables.get("events")
+            if events is not None:
+                ends = [e["time_unix_s"] for e in events.to_pylist() if e["kind"] == "run_end"]
+                if ends:
+                    run.ended_unix_s = max(ends)
             for name, t in tables.items():
                 self.stats.ingested_rows[name] += t.num_rows
 
@@ -85,7 +93,11 @@ class LiveState:
             [],
         )
         alerts = query(
-            "SELECT run_id, kind, count(*) AS n FROM alerts GROUP BY ALL", []
+            "SELECT run_id, kind, rank, count(*) AS n FROM alerts GROUP BY ALL", []
+        ).to_pylist()
+        ends = query(
+            "SELECT run_id, max(time_unix_s) AS t FROM events WHERE kind = 'run_end' GROUP BY ALL",
+            [],
         ).to_pylist()
         with self._lock:
             for row in latest:
@@ -93,15 +105,21 @@ class LiveState:
             for run_id in set(ranks.column("run_id").to_pylist()):
                 mine = ranks.filter(pc.equal(ranks.column("run_id"), run_id))
                 self.runs.setdefault(run_id, RunState()).rank_step_time_s = _rank_summary(mine)
+            for row in ends:
+                self.runs.setdefault(row["run_id"], RunState()).ended_unix_s = row["t"]
             for row in alerts:
-                self.runs.setdefault(row["run_id"], RunState()).alerts_by_kind[row["kind"]] = row[
-                    "n"
-                ]
+                key = (row["kind"], row["rank"])
+                self.runs.setdefault(row["run_id"], RunState()).alerts_by_kind[key] = row["n"]
 
     def snapshot(self) -> tuple[dict[str, RunState], CollectorStats]:
         with self._lock:
             runs = {
-                k: RunState(dict(v.latest), dict(v.rank_step_time_s), Counter(v.alerts_by_kind))
+                k: RunState(
+                    dict(v.latest),
+                    dict(v.rank_step_time_s),
+                    Counter(v.alerts_by_kind),
+                    v.ended_unix_s,
+                )
                 for k, v in self.runs.items()
             }
             s = self.stats

@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -307,6 +307,9 @@ class Monitor:
             "energy_j": power.energy_j,
             "sm_clock_mhz": power.sm_clock_mhz,
             "temperature_c": power.temperature_c,
+            # NaN unless this is a canary step. Writing a Python number into a device
+            # tensor would copy it from pageable memory and synchronise.
+            "canary_fingerprint": math.nan,
         }
         # One host->device copy (pinned, non-blocking) for every host-side number.
         host = torch.tensor(
@@ -317,11 +320,8 @@ class Monitor:
         loss = loss.detach().double().reshape(1)
         slot = host[n + 1 :].clone()
         slot[_LOSS] = loss[0]
-        slot[_CANARY] = (
-            self.canary.run().double()
-            if self.cfg.canary_every and self.step_count % self.cfg.canary_every == 0
-            else math.nan
-        )
+        if self.cfg.canary_every and self.step_count % self.cfg.canary_every == 0:
+            slot[_CANARY] = self.canary.run().double()  # device to device: no sync
         slots = torch.zeros(
             self.world_size, len(RANK_SLOT), dtype=torch.float64, device=self.device
         )
@@ -365,7 +365,8 @@ class Monitor:
             elif item is not None:
                 item.wait()  # the background thread, not training, waits for the device
                 if self.rank == 0:
-                    append_step(builder, self.layout, item.values.numpy(), item.meta)
+                    meta = replace(item.meta, telemetry_dropped=self.telemetry_dropped)
+                    append_step(builder, self.layout, item.values.numpy(), meta)
             if len(builder) and time.monotonic() - last_flush >= self.cfg.export_interval_s:
                 self._export(builder)
                 builder, last_flush = BatchBuilder(self.run_id), time.monotonic()
@@ -377,6 +378,11 @@ class Monitor:
             self.exporter.export(builder)
         except Exception:  # an exporter must not raise; if one does, training goes on
             log.exception("trainvitals exporter failed")
+
+    @property
+    def telemetry_dropped(self) -> int:
+        """Logged steps dropped on a full queue plus batches the exporter could not keep."""
+        return self.dropped_steps + getattr(self.exporter, "dropped_batches", 0)
 
     def event(self, kind: str, step: int, rank: int = -1, **detail: Any) -> None:
         """Record an event (an injected fault, a restart, a checkpoint). Never blocks."""
@@ -397,6 +403,8 @@ class Monitor:
         self.power.close()
         for h in self._handles:
             h.remove()
+        if self.rank == 0:  # a clean end: alerting tells a finished run from a stalled one
+            self.event("run_end", self.step_count, telemetry_dropped=self.telemetry_dropped)
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
         if self._thread.is_alive():

@@ -72,6 +72,7 @@ class StepMeta:
     lr: float | None
     flops_per_token: float
     peak_flops_per_s: float
+    telemetry_dropped: int = 0
 
 
 def _safe_div(a: float, b: float) -> float:
@@ -108,6 +109,7 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
         # Job totals over the ranks that report power; None when none does.
         power_w=float(np.nansum(power)) if np.isfinite(power).any() else None,
         energy_j=float(np.nansum(energy)) if np.isfinite(energy).any() else None,
+        telemetry_dropped=meta.telemetry_dropped,
     )
     act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
     for layer in range(layout.n_layers):

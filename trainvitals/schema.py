@@ -140,6 +140,12 @@ STEPS = Table(
             "non-finite gradient values since the last logged step",
             required=False,
         ),
+        Field(
+            "telemetry_dropped",
+            "int64",
+            "logged steps and batches the hooks dropped since the run started",
+            required=False,
+        ),
     ),
 )
 

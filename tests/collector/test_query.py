@@ -63,7 +63,8 @@ def test_loss_spike_raises_an_alert_in_api_and_metrics(client) -> None:
     assert [(a["kind"], a["step"]) for a in alerts] == [("loss_spike", 45)]
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
     (sample,) = families["trainvitals_alerts"].samples
-    assert sample.labels == {"run_id": "r1", "kind": "loss_spike"} and sample.value == 1
+    assert sample.labels == {"run_id": "r1", "kind": "loss_spike", "rank": ""}
+    assert sample.value == 1
 
 
 def test_metrics_hold_run_gauges(client) -> None:

@@ -1,0 +1,104 @@
+"""Synthetic 4-rank runs as the hooks would report them, clean or with one injected fault.
+
+A real 4-rank CPU run takes most of a minute on 2 cores; these batches take milliseconds
+and carry what the detectors read: a noisy falling loss, per-rank timing (compute vs.
+waiting at the step's collective) and a periodic SDC canary fingerprint per rank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import httpx
+
+from trainvitals.schema import BatchBuilder
+
+WORLD = 4
+STEP_S = 0.5  # wall time of one step
+CANARY_EVERY = 5  # steps between canary fingerprints
+STRAGGLER_RANK, STRAGGLER_SLOWDOWN = 3, 0.5  # that rank computes 50% longer
+SDC_RANK = 2
+FAULTS = ("loss_spike", "nonfinite", "straggler", "sdc")
+
+
+def _rank_rows(step: int, fault: str | None) -> list[dict]:
+    compute = [0.45 * (1 + 0.01 * math.sin(step + r)) for r in range(WORLD)]
+    if fault == "straggler":
+        compute[STRAGGLER_RANK] *= 1 + STRAGGLER_SLOWDOWN
+    step_time = max(compute) + 0.03  # everyone waits for the slowest at the all-reduce
+    rows = []
+    for r in range(WORLD):
+        row = {
+            "step": step,
+            "rank": r,
+            "step_time_s": step_time,
+            "tokens_per_s": 1024 / step_time,
+            "loss": 0.0,  # filled in by the caller
+            "compute_time_s": compute[r],
+            "wait_time_s": step_time - compute[r],
+        }
+        if step % CANARY_EVERY == 0:
+            # Every rank runs the same canary computation: equal bits unless one is faulty.
+            fingerprint = (0x5DEECE66D * (step + 1)) & ((1 << 52) - 1)
+            if fault == "sdc" and r == SDC_RANK:
+                fingerprint ^= 1 << 17  # one flipped bit
+            row["canary_fingerprint"] = fingerprint
+        rows.append(row)
+    return rows
+
+
+def batch(
+    run_id: str, steps: range, fault: str | None = None, fault_step: int = -1
+) -> BatchBuilder:
+    """Steps `steps` of a run; `fault` applies to the steps from `fault_step` on
+    (a loss spike and a non-finite loss: to that one step only)."""
+    b = BatchBuilder(run_id)
+    end_unix_s = time.time()  # the last step happens now: the run looks alive
+    for step in steps:
+        active = fault if step >= fault_step else None
+        if active in ("loss_spike", "nonfinite") and step != fault_step:
+            active = None
+        loss = 4.0 * math.exp(-step / 300) * (1 + 0.01 * math.sin(1.7 * step))
+        grad_norm = 1.0 + 0.05 * math.sin(1.3 * step)
+        if active == "loss_spike":
+            loss, grad_norm = loss * 3, grad_norm * 5
+        elif active == "nonfinite":
+            loss, grad_norm = math.nan, math.nan
+        ranks = _rank_rows(step, active)
+        step_time = ranks[0]["step_time_s"]
+        b.append(
+            "steps",
+            step=step,
+            time_unix_s=end_unix_s - (steps[-1] - step) * STEP_S,
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=1e-3,
+            tokens=WORLD * 1024,
+            step_time_s=step_time,
+            tokens_per_s=WORLD * 1024 / step_time,
+            tflops_per_s_per_device=0.05 * 0.48 / step_time,
+            mfu_ratio=0.2 * 0.48 / step_time,
+        )
+        for row in ranks:
+            b.append("ranks", **{**row, "loss": loss})
+    return b
+
+
+def post(collector_url: str, b: BatchBuilder) -> None:
+    r = httpx.post(
+        f"{collector_url}/api/v1/ingest",
+        content=b.to_json(),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == 202, r.text
+
+
+def stored_last_step(collector_url: str, run_id: str) -> int:
+    runs = httpx.get(f"{collector_url}/api/v1/runs", timeout=5).json()
+    return next((r["last_step"] for r in runs if r["run_id"] == run_id), -1)
+
+
+def analyzer_alerts(collector_url: str, run_id: str) -> list[dict]:
+    return httpx.get(f"{collector_url}/api/v1/runs/{run_id}/alerts", timeout=5).json()
