@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from .model import PRESETS
+from .presets import PRESETS
 
 
 @dataclass
