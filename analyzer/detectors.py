@@ -81,6 +81,10 @@ class LossSpikeDetector:
     `min_rise_ratio` above the median loss: the second guard keeps a near-zero MAD on a
     flat curve from turning noise into alerts. One alert per episode: after an alarm the
     detector is quiet for `cooldown_steps`.
+
+    After a spike the detector follows the episode against the baseline frozen at the
+    spike: a loss back under baseline x (1 + min_rise_ratio) has recovered; one still above
+    it `diverge_steps` later is diverging, which raises a critical `loss_diverging` alert.
     """
 
     window: int = 50
@@ -88,25 +92,27 @@ class LossSpikeDetector:
     z_threshold: float = 8.0
     min_rise_ratio: float = 0.2
     cooldown_steps: int = 50
+    diverge_steps: int = 20
     kind: str = "loss_spike"
-    _recent: deque = field(default_factory=deque, repr=False)
-    _sorted: list = field(default_factory=list, repr=False)
+    _window: RollingWindow = field(init=False, repr=False)
     _quiet_until: int = -1
+    _episode: tuple[int, float] | None = None  # (spike step, baseline loss) while unresolved
 
     def __post_init__(self) -> None:
         if self.window < 3 or not 3 <= self.min_history <= self.window:
             raise ValueError("LossSpikeDetector: need window >= min_history >= 3")
         if self.z_threshold <= 0 or self.min_rise_ratio < 0:
             raise ValueError("LossSpikeDetector: z_threshold must be > 0, min_rise_ratio >= 0")
+        self._window = RollingWindow(self.window)
 
     def observe(self, s: StepView) -> list[Alert]:
         if not (math.isfinite(s.loss) and s.loss > 0):
             return []  # non-finite losses are the NonFiniteDetector's
         x = math.log(s.loss)
-        alerts = []
-        if len(self._sorted) >= self.min_history and s.step > self._quiet_until:
-            median = _median(self._sorted)
-            mad = _median(sorted(abs(v - median) for v in self._sorted))
+        alerts = self._follow_episode(s)
+        if len(self._window) >= self.min_history and s.step > self._quiet_until:
+            median = self._window.median()
+            mad = _median(sorted(abs(v - median) for v in self._window.values()))
             spread = 1.4826 * mad + 1e-12
             z = (x - median) / spread
             if z > self.z_threshold and x - median > math.log1p(self.min_rise_ratio):
@@ -127,15 +133,61 @@ class LossSpikeDetector:
                     )
                 )
                 self._quiet_until = s.step + self.cooldown_steps
-        self._push(x)
+                self._episode = (s.step, baseline)
+        self._window.push(x)
         return alerts
 
-    def _push(self, x: float) -> None:
+    def _follow_episode(self, s: StepView) -> list[Alert]:
+        if self._episode is None or s.step == self._episode[0]:
+            return []
+        spike_step, baseline = self._episode
+        if s.loss <= baseline * (1 + self.min_rise_ratio):
+            self._episode = None  # recovered
+            return []
+        if s.step - spike_step < self.diverge_steps:
+            return []
+        self._episode = None
+        return [
+            Alert(
+                run_id=s.run_id,
+                step=s.step,
+                kind="loss_diverging",
+                severity="critical",
+                message=(
+                    f"loss has not recovered from the spike at step {spike_step}: "
+                    f"{s.loss:.4g} at step {s.step} against {baseline:.4g} before it; "
+                    "roll back to a checkpoint before the spike"
+                ),
+                time_unix_s=s.time_unix_s,
+                value=s.loss,
+                baseline=baseline,
+            )
+        ]
+
+
+class RollingWindow:
+    """The last `size` values, kept sorted too: O(size) insert, O(1) median."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._recent: deque = deque()
+        self._sorted: list = []
+
+    def push(self, x: float) -> None:
         self._recent.append(x)
         bisect.insort(self._sorted, x)
-        if len(self._recent) > self.window:
+        if len(self._recent) > self.size:
             old = self._recent.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, old)]
+
+    def median(self) -> float:
+        return _median(self._sorted)
+
+    def values(self) -> list[float]:
+        return self._sorted
+
+    def __len__(self) -> int:
+        return len(self._recent)
 
 
 def _median(sorted_values: list[float]) -> float:

@@ -16,6 +16,7 @@ from .alerts import Alert
 from .detectors import LossSpikeDetector, NonFiniteDetector, RankView, StepView
 from .sdc import CanaryDetector
 from .straggler import StragglerDetector
+from .throughput import ThroughputDropDetector
 
 _STEP_COLUMNS = ["step", "time_unix_s", "loss", "grad_norm", "tokens_per_s", "step_time_s"]
 _RANK_COLUMNS = ["compute_time_s", "wait_time_s", "loss", "canary_fingerprint"]
@@ -23,7 +24,13 @@ _RANK_COLUMNS = ["compute_time_s", "wait_time_s", "loss", "canary_fingerprint"]
 
 def default_detectors() -> list:
     """A fresh set of detectors for one run."""
-    return [NonFiniteDetector(), LossSpikeDetector(), StragglerDetector(), CanaryDetector()]
+    return [
+        NonFiniteDetector(),
+        LossSpikeDetector(),
+        StragglerDetector(),
+        CanaryDetector(),
+        ThroughputDropDetector(),
+    ]
 
 
 class Analyzer:

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.detectors import LossSpikeDetector, NonFiniteDetector, StepView
+from trainvitals.analyzer.throughput import ThroughputDropDetector
 
 
 def _curve(n: int, seed: int, spikes: dict[int, float] | None = None) -> list[float]:
@@ -67,3 +68,32 @@ def test_analyzer_ignores_resent_steps() -> None:
     first = analyzer.observe("r", {"steps": steps})
     assert [a.step for a in first] == [80]
     assert analyzer.observe("r", {"steps": steps}) == []
+
+
+def test_spike_that_recovers_is_not_diverging() -> None:
+    alerts = _run(LossSpikeDetector(), _curve(400, seed=4, spikes={250: 2.0}))
+    assert [a.kind for a in alerts] == ["loss_spike"]
+
+
+def test_spike_that_stays_up_is_diverging() -> None:
+    stays_up = {s: 3.0 for s in range(250, 400)}
+    alerts = _run(LossSpikeDetector(), _curve(400, seed=4, spikes=stays_up))
+    assert [(a.kind, a.step) for a in alerts] == [("loss_spike", 250), ("loss_diverging", 270)]
+    assert alerts[1].severity == "critical"
+
+
+def _throughput(tokens_per_s: list[float]) -> list:
+    d = ThroughputDropDetector()
+    views = (StepView("r", i, 0.0, 2.0, 1.0, tokens_per_s=t) for i, t in enumerate(tokens_per_s))
+    return [a for v in views for a in d.observe(v)]
+
+
+def test_throughput_drop_alerts_once_and_not_on_noise() -> None:
+    rng = random.Random(5)
+    noisy = [1000 * rng.gauss(1, 0.05) for _ in range(2000)]
+    assert _throughput(noisy) == []
+    dropped = noisy[:500] + [0.7 * x for x in noisy[500:800]]
+    (alert,) = _throughput(dropped)
+    assert alert.kind == "throughput_drop" and 500 <= alert.step < 525
+    assert alert.value < 0.75 * alert.baseline
+    assert _throughput([*noisy[:500], 100.0, *noisy[500:]]) == []  # one slow step (a checkpoint)
