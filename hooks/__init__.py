@@ -1,6 +1,14 @@
 """In-process telemetry for training loops: `monitor = attach(model, mesh, ...)`."""
 
 from .exporter import HttpExporter, InMemoryExporter, NullExporter
-from .monitor import Monitor, MonitorConfig, attach
+from .monitor import Monitor, MonitorConfig, NullMonitor, attach
 
-__all__ = ["HttpExporter", "InMemoryExporter", "Monitor", "MonitorConfig", "NullExporter", "attach"]
+__all__ = [
+    "HttpExporter",
+    "InMemoryExporter",
+    "Monitor",
+    "MonitorConfig",
+    "NullExporter",
+    "NullMonitor",
+    "attach",
+]

@@ -32,6 +32,7 @@ class TrainConfig:
     log_every: int = 1
     peak_flops_per_s: float = 0.0  # 0: from the device table or measured
     canary_every: int = 50  # logged steps between SDC canary fingerprints; 0: off
+    hooks: str = "on"  # "off" trains without trainvitals (to measure what the hooks cost)
     inject: list[str] = field(default_factory=list)  # faults, see trainer/faults.py
 
     def __post_init__(self) -> None:
@@ -54,6 +55,8 @@ class TrainConfig:
             )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"TrainConfig.device must be auto, cpu or cuda, got {self.device!r}")
+        if self.hooks not in ("on", "off"):
+            raise ValueError(f"TrainConfig.hooks must be on or off, got {self.hooks!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(
                 f"TrainConfig.dtype must be auto, float32 or bfloat16, got {self.dtype!r}"

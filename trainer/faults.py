@@ -117,7 +117,8 @@ class FaultInjector:
         for f in self._mine("sdc", step):
             block = next(m for name, m in model.named_modules() if name.endswith("feed_forward"))
             block.register_forward_hook(lambda _m, _i, out, p=f.params: corrupt(out, p["fraction"]))
-            monitor.canary.fault = lambda out, p=f.params: corrupt(out, p["fraction"])
+            if monitor.canary is not None:  # None when the hooks are off
+                monitor.canary.fault = lambda out, p=f.params: corrupt(out, p["fraction"])
 
     def batch(self, step: int, inputs: torch.Tensor, targets: torch.Tensor):
         """The step's batch; random bytes for a batch spike (nothing to learn from them)."""

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from trainvitals.hooks import attach
+from trainvitals.hooks import NullMonitor, attach
 from trainvitals.hooks.exporter import HttpExporter, JsonlExporter, MultiExporter, NullExporter
 from trainvitals.hooks.flops import flops_per_token
 from trainvitals.hooks.spool import default_spool_dir
@@ -60,6 +60,8 @@ def make_exporter(cfg: TrainConfig, rank: int):
         exporters.append(JsonlExporter(cfg.telemetry_file))
     return MultiExporter(exporters) if exporters else NullExporter()
 
+
+WARMUP_STEPS = 5  # excluded from the steady step time: allocator, first collectives
 
 # FSDP2 warns when the root module returns a view, in case the caller modifies it in place;
 # the loop below only reads the logits.
@@ -120,24 +122,28 @@ def main(argv: list[str] | None = None) -> None:
         generate_corpus(cfg.corpus_bytes, cfg.seed), seq_len, cfg.global_batch, cfg.seed
     )
 
-    monitor = attach(
-        model,
-        mesh,
-        exporter=make_exporter(cfg, rank),
-        run_id=cfg.run_id,
-        log_every=cfg.log_every,
-        model_name=f"llama-{cfg.preset}",
-        model_config={**model_cfg.to_dict(), "seq_len": seq_len},
-        flops_per_token=flops_per_token(
-            model.num_params(),
-            n_embedding,
-            model_cfg.n_layers,
-            model_cfg.n_heads,
-            model_cfg.head_dim,
-            seq_len,
-        ),
-        peak_flops_per_s=cfg.peak_flops_per_s or None,
-        canary_every=cfg.canary_every,
+    monitor = (
+        NullMonitor(cfg.run_id)
+        if cfg.hooks == "off"
+        else attach(
+            model,
+            mesh,
+            exporter=make_exporter(cfg, rank),
+            run_id=cfg.run_id,
+            log_every=cfg.log_every,
+            model_name=f"llama-{cfg.preset}",
+            model_config={**model_cfg.to_dict(), "seq_len": seq_len},
+            flops_per_token=flops_per_token(
+                model.num_params(),
+                n_embedding,
+                model_cfg.n_layers,
+                model_cfg.n_heads,
+                model_cfg.head_dim,
+                seq_len,
+            ),
+            peak_flops_per_s=cfg.peak_flops_per_s or None,
+            canary_every=cfg.canary_every,
+        )
     )
     if rank == 0:
         print(
@@ -175,6 +181,12 @@ def main(argv: list[str] | None = None) -> None:
         if rank == 0 and (step % 50 == 0 or step == cfg.steps - 1):
             print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)  # .item() is a sync point
         last_step_s = time.perf_counter() - start_s
+        if step == WARMUP_STEPS - 1:
+            steady_start_s = time.perf_counter()
+
+    if rank == 0 and cfg.steps > WARMUP_STEPS:
+        steady_ms = (time.perf_counter() - steady_start_s) / (cfg.steps - WARMUP_STEPS) * 1e3
+        print(f"steady step time: {steady_ms:.2f} ms (steps {WARMUP_STEPS}-{cfg.steps - 1})")
 
     monitor.close()
     if distributed:
