@@ -49,7 +49,7 @@ class NonFiniteDetector:
         bad = [
             name
             for name, v in (("loss", s.loss), ("grad_norm", s.grad_norm))
-            if not math.isfinite(v)
+            if v is not None and not math.isfinite(v)  # None: not reported
         ]
         if not bad:
             return []
@@ -106,7 +106,7 @@ class LossSpikeDetector:
         self._window = RollingWindow(self.window)
 
     def observe(self, s: StepView) -> list[Alert]:
-        if not (math.isfinite(s.loss) and s.loss > 0):
+        if s.loss is None or not (math.isfinite(s.loss) and s.loss > 0):
             return []  # non-finite losses are the NonFiniteDetector's
         x = math.log(s.loss)
         alerts = self._follow_episode(s)
@@ -125,7 +125,8 @@ class LossSpikeDetector:
                         severity="warning",
                         message=(
                             f"loss {s.loss:.4g} at step {s.step} is {s.loss / baseline:.2f}x its "
-                            f"recent median {baseline:.4g} ({z:.1f} robust std devs)"
+                            f"recent median {baseline:.4g} "
+                            + (f"({z:.1f} robust std devs)" if z < 1e3 else "(a flat baseline)")
                         ),
                         time_unix_s=s.time_unix_s,
                         value=s.loss,

@@ -52,6 +52,7 @@ class Analyzer:
             if row["step"] <= self._last_step[run_id]:
                 continue
             self._last_step[run_id] = row["step"]
+            row.setdefault("time_unix_s", 0.0)
             view = StepView(
                 run_id=run_id,
                 layer_grad_norms=layer_norms.get(row["step"], ()),

@@ -32,7 +32,7 @@ class ThroughputDropDetector:
         self._baseline = RollingWindow(self.baseline_steps)
 
     def observe(self, s: StepView) -> list[Alert]:
-        if not (math.isfinite(s.tokens_per_s) and s.tokens_per_s > 0):
+        if s.tokens_per_s is None or not (math.isfinite(s.tokens_per_s) and s.tokens_per_s > 0):
             return []
         self._recent.append(s.tokens_per_s)
         if len(self._recent) > self.recent_steps:

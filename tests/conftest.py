@@ -148,3 +148,16 @@ def _stored_steps(url: str, run_id: str) -> int:
 def collector_with_run(trained_run: dict) -> str:
     """Base URL of a live collector holding one finished 4-rank run."""
     return trained_run["url"]
+
+
+FAULTS = ["--inject", "straggler:rank=1,step=15,slowdown=0.4", "--inject", "sdc:rank=2,step=30"]
+
+
+@pytest.fixture(scope="session")
+def faulty_telemetry(tmp_path_factory) -> Path:
+    """Telemetry file of a real 4-rank, 60-step run with a straggler (rank 1, step 15) and
+    an SDC unit (rank 2, step 30), canary every 10 steps."""
+    out = tmp_path_factory.mktemp("faulty") / "faulty.jsonl"
+    run_trainer(["--dp", "2", "--tp", "2", "--steps", "60", "--canary-every", "10", *FAULTS,
+                 "--telemetry-file", str(out)], nproc=4)  # fmt: skip
+    return out

@@ -24,10 +24,8 @@ def _replay(path: Path) -> tuple[list, list]:
     return alerts, events
 
 
-def test_injected_straggler_and_sdc_are_found_on_the_right_ranks(tmp_path: Path) -> None:
-    out = tmp_path / "faulty.jsonl"
-    faults = ["--inject", "straggler:rank=1,step=15,slowdown=0.4", "--inject", "sdc:rank=2,step=30"]
-    run_trainer([*COMMON, *faults, "--telemetry-file", str(out)], nproc=4)
+def test_injected_straggler_and_sdc_are_found_on_the_right_ranks(faulty_telemetry: Path) -> None:
+    out = faulty_telemetry
     alerts, events = _replay(out)
     truth = {(e["kind"], e["rank"], e["step"]) for e in events if e["kind"].startswith("fault:")}
     assert truth == {("fault:straggler", 1, 15), ("fault:sdc", 2, 30)}

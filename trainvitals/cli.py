@@ -77,6 +77,41 @@ def _import(args: argparse.Namespace, _rest: list[str]) -> int:
     return run_import(Path(args.path), args.collector, args.token)
 
 
+def _replay(args: argparse.Namespace, _rest: list[str]) -> int:
+    import duckdb
+    import orjson
+
+    from trainvitals.analyzer.replay import comparable, replay_store, stored_alerts
+
+    try:
+        con = duckdb.connect(args.store, read_only=True)
+    except duckdb.Error as e:
+        return f"error: cannot open {args.store} read-only: {e}"
+    replayed = []
+    for alert in replay_store(con):
+        replayed.append(alert.to_dict())
+        sys.stdout.buffer.write(orjson.dumps(alert.to_dict()) + b"\n")
+    live = stored_alerts(con)
+    same = sorted(map(comparable, replayed)) == sorted(map(comparable, live))
+    verdict = "identical to" if same else "DIFFERENT from"
+    print(f"{len(replayed)} alerts replayed, {verdict} the {len(live)} the collector raised",
+          file=sys.stderr)  # fmt: skip
+    return 0 if same or not args.check else 1
+
+
+def _analyze(args: argparse.Namespace, _rest: list[str]) -> int:
+    from pathlib import Path
+
+    import orjson
+
+    from trainvitals.analyzer.offline import analyze_file
+
+    overrides = {k: v for k, v in (("step", args.step_column), ("loss", args.loss_column)) if v}
+    for alert in analyze_file(Path(args.file), overrides):
+        sys.stdout.buffer.write(orjson.dumps(alert.to_dict()) + b"\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainvitals", description="Health monitoring for distributed training runs."
@@ -146,6 +181,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_import)
 
     p = sub.add_parser(
+        "replay",
+        help="run the detectors over a stored run, as the live collector did",
+        description="Replay a stopped collector's DuckDB store through the analyzer in step "
+        "order; print alerts as JSON lines and compare them with the stored live alerts.",
+    )
+    p.add_argument("store", help="DuckDB file of a stopped collector")
+    p.add_argument("--check", action="store_true", help="exit 1 if replay and live differ")
+    p.set_defaults(func=_replay)
+
+    p = sub.add_parser(
+        "analyze",
+        help="run the detectors over a CSV or Parquet of step metrics from another tool",
+        description="Map a scalar export (W&B, TensorBoard) onto step fields by column name "
+        "and print the alerts as JSON lines.",
+    )
+    p.add_argument("file", help=".csv or .parquet with a step column and a loss column")
+    p.add_argument("--step-column", default="", help="name of the step column, if not guessed")
+    p.add_argument("--loss-column", default="", help="name of the loss column, if not guessed")
+    p.set_defaults(func=_analyze)
+
+    p = sub.add_parser(
         "plan",
         help="FLOPs, days and energy of a training run, before it starts",
         description="Estimate a run's compute (6 N D), wall time and energy.",
@@ -172,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         rest = _without_flag(rest, "--nproc")
     try:
         sys.exit(args.func(args, rest))
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
 
 
