@@ -1,29 +1,30 @@
-"""The trainvitals dashboard: a live (or replayed) view of one run, read from the collector.
+"""The trainvitals dashboard: four views of one run, live or replayed, read from the collector.
 
     streamlit run dashboard/app.py -- --collector http://127.0.0.1:8000
 
 or `trainvitals dashboard`. The collector URL comes from `--collector`, else the
 TRAINVITALS_COLLECTOR_URL environment variable, else http://127.0.0.1:8000.
 
-The sidebar (run, step window) renders on full reruns only; everything that shows data sits
-in one fragment that reruns every REFRESH_S seconds, so a live run updates without reloading
-the page or resetting the sidebar.
+The sidebar holds the run and the step window, the top of the page the view (Overview,
+Layers, Ranks, Health). They render on full reruns only and are kept in session state
+(state.py), so every view shows the same run and window. Everything that shows data sits
+in one fragment that reruns every REFRESH_S seconds, so a live run updates without
+reloading the page or touching those choices. A collector in replay mode serves a stored
+run that cannot change, so its page does not poll.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
-import pandas as pd
 import streamlit as st
 
-from trainvitals.dashboard import charts
+from trainvitals.dashboard import health, layers, overview, ranks
 from trainvitals.dashboard.client import (
     DEFAULT_URL,
     CollectorClient,
@@ -32,14 +33,18 @@ from trainvitals.dashboard.client import (
     RunNotFound,
     RunSummary,
 )
+from trainvitals.dashboard.state import (
+    RUN_KEY,
+    Window,
+    apply_pending_jump,
+    pick_view,
+    pick_window,
+)
 
 URL_ENV_VAR = "TRAINVITALS_COLLECTOR_URL"
 REFRESH_S = 2
 # Short enough that a hung collector stalls one refresh, not the page.
 REQUEST_TIMEOUT_S = 3.0
-# Points per line chart and buckets per heatmap: the collector downsamples to these.
-MAX_LINE_POINTS = 2000
-MAX_HEATMAP_STEPS = 300
 
 
 def collector_url(argv: Sequence[str], environ: Mapping[str, str]) -> str:
@@ -70,9 +75,9 @@ def unreachable_message(url: str) -> str:
 
 
 def main() -> None:
-    """Render the page: sidebar choices, then the live panel for the chosen run."""
+    """Render the page: sidebar choices, the view selector, then the chosen view's panel."""
     st.set_page_config(page_title="trainvitals", layout="wide")
-    st.title("trainvitals")
+    st.sidebar.title("trainvitals")
     url = collector_url(sys.argv[1:], os.environ)
     runs, problem = runs_or_problem(url)
     if problem:
@@ -82,9 +87,17 @@ def main() -> None:
     if problem or not runs:
         rerun_on_change(url, problem)
         return
+    apply_pending_jump()  # before the widgets it moves are drawn
     run = pick_run(runs)
-    start, end = pick_window(run)
-    live_panel(url, run.run_id, start, end, tuple(r.run_id for r in runs))
+    window = pick_window(run.run_id, run.last_step or 0)
+    view = pick_view()
+    listed = tuple(r.run_id for r in runs)
+    if replaying(url):
+        st.sidebar.caption("Replay: a stored run, read-only; the page does not refresh.")
+        replay_panel(url, view, run.run_id, window, listed)
+    else:
+        st.sidebar.caption(f"Live: the view refreshes every {REFRESH_S} s.")
+        live_panel(url, view, run.run_id, window, listed)
 
 
 def runs_or_problem(url: str) -> tuple[list[RunSummary], str | None]:
@@ -110,7 +123,7 @@ def pick_run(runs: list[RunSummary]) -> RunSummary:
     by_id = {r.run_id: r for r in runs}
     # keyed, so the choice survives the options growing when a new run starts.
     run_id = st.sidebar.selectbox(
-        "Run (newest first)", list(by_id), format_func=lambda i: run_label(by_id[i]), key="run"
+        "Run (newest first)", list(by_id), format_func=lambda i: run_label(by_id[i]), key=RUN_KEY
     )
     run = by_id[run_id]
     st.sidebar.markdown(run_details(run))
@@ -146,42 +159,16 @@ def count_label(n: int) -> str:
     return str(n)
 
 
-def pick_window(run: RunSummary) -> tuple[int | None, int | None]:
-    """Sidebar step-window slider -> (start, end); end None means "up to the latest step".
-
-    The slider's range ends at the run's last step, which grows while the run is live, and
-    Streamlit resets a slider whose range changes. So the user's choice is kept in session
-    state (by the on_change callback, which runs before the rerun) and given back as the
-    slider's value; a window whose right end sat on the last step keeps following the run.
-    """
-    last = run.last_step
-    if not last:
-        return None, None
-    choice_key = f"window:{run.run_id}"
-    slider_key = f"{choice_key}:slider"
-    lo, hi, follow = st.session_state.get(choice_key, (0, last, True))
-
-    def remember() -> None:
-        new_lo, new_hi = st.session_state[slider_key]
-        st.session_state[choice_key] = (new_lo, new_hi, new_hi == last)
-
-    lo, hi = st.sidebar.slider(
-        "Steps",
-        min_value=0,
-        max_value=last,
-        value=(min(lo, last), last if follow else min(hi, last)),
-        key=slider_key,
-        on_change=remember,
-        help="Leave the right end on the last step to follow a live run.",
-    )
-    return lo, None if hi == last else hi
+def replaying(url: str) -> bool:
+    """Whether the collector replays a stored run; False if it cannot say (it then polls)."""
+    try:
+        return get_client(url).is_replay()
+    except CollectorError:
+        return False
 
 
-@st.fragment(run_every=REFRESH_S)
-def live_panel(
-    url: str, run_id: str, start: int | None, end: int | None, listed: tuple[str, ...]
-) -> None:
-    """Everything that shows data, refreshed every REFRESH_S seconds."""
+def view_panel(url: str, view: str, run_id: str, window: Window, listed: tuple[str, ...]) -> None:
+    """The chosen view of the run, or an honest message saying why there is nothing to show."""
     client = get_client(url)
     try:
         runs = client.runs()
@@ -189,13 +176,10 @@ def live_panel(
             st.rerun()  # a run started or vanished: rebuild the sidebar's list
         run = next(r for r in runs if r.run_id == run_id)
         if run.last_step is None:
-            st.info(f"Run {run_id} has not logged a step yet.")
+            st.info(f"Run {run_id} has not logged a step yet; this page updates when it does.")
             return
-        headline(client, run)
-        training_charts(client, run_id, start, end)
-        layer_charts(client, run_id, start, end)
-        rank_charts(client, run_id, start, end)
-        alerts_table(client, run)
+        st.caption(window_label(window, run.last_step))
+        show_view(view, client, run, window)
     except CollectorUnavailable:
         st.error(unreachable_message(url))
     except RunNotFound:
@@ -204,106 +188,28 @@ def live_panel(
         st.error(f"The collector at {url} answered with an error: {e}")
 
 
-def headline(client: CollectorClient, run: RunSummary) -> None:
-    """The latest step's numbers, raw (not bucket means)."""
-    # start=last_step selects exactly the last logged step.
-    last = client.steps(run.run_id, start=run.last_step).frame.iloc[-1]
-    mfu_help = None if run.peak_flops_per_s else "The run reported no peak FLOP/s for its device."
-    cols = st.columns(5)
-    cols[0].metric("last step", f"{int(last.step):,}")
-    cols[1].metric("loss", fmt(last.loss, ".4f", missing="non-finite"))
-    cols[2].metric("tokens/s", fmt(last.tokens_per_s, ",.0f"))
-    cols[3].metric("MFU", fmt(100 * last.mfu_ratio, ".1f", unit=" %"), help=mfu_help)
-    cols[4].metric("TFLOP/s per device", fmt(last.tflops_per_s_per_device, ".4g"))
+live_panel = st.fragment(run_every=REFRESH_S)(view_panel)
+replay_panel = st.fragment(view_panel)
 
 
-def fmt(value: float, spec: str, missing: str = "n/a", unit: str = "") -> str:
-    """Format a metric; a null (NaN) value reads as `missing`, never as "nan"."""
-    return missing if math.isnan(value) else f"{value:{spec}}{unit}"
+def show_view(view: str, client: CollectorClient, run: RunSummary, window: Window) -> None:
+    """Load what the view needs (all of it bucketed on the server), then draw it."""
+    match view:
+        case "Layers":
+            layers.render(layers.load(client, run, window), run)
+        case "Ranks":
+            ranks.render(ranks.load(client, run, window), run)
+        case "Health":
+            health.render(health.load(client, run, window), run, window)
+        case _:
+            overview.render(overview.load(client, run, window), run)
 
 
-def training_charts(
-    client: CollectorClient, run_id: str, start: int | None, end: int | None
-) -> None:
-    """Loss, grad norm, throughput and MFU over steps, two per row."""
-    series = client.steps(run_id, start, end, max_points=MAX_LINE_POINTS)
-    frame = series.frame
-    if frame.empty:
-        st.info("No steps in this window.")
-        return
-    if series.bucket_steps > 1:
-        st.caption(
-            f"Each point is the mean of {series.bucket_steps} steps; "
-            "the band reaches the bucket's max."
-        )
-    left, right = st.columns(2)
-    # F.cross_entropy in the reference trainer: natural log, mean over tokens.
-    left.altair_chart(charts.band_line(frame, "loss", "loss_max", "Loss", "loss (nats/token)"))
-    right.altair_chart(
-        charts.band_line(
-            frame, "grad_norm", "grad_norm_max", "Gradient norm", "L2 norm, before clipping"
-        )
-    )
-    left.altair_chart(charts.line(frame, "tokens_per_s", "Throughput", "tokens/s"))
-    if frame["mfu_ratio"].notna().any():
-        mfu = frame.assign(mfu_pct=100 * frame["mfu_ratio"])
-        right.altair_chart(charts.line(mfu, "mfu_pct", "Model FLOPs utilization", "MFU (%)"))
-    else:
-        right.info("MFU unknown: the run reported no peak FLOP/s for its device.")
-
-
-def layer_charts(client: CollectorClient, run_id: str, start: int | None, end: int | None) -> None:
-    """Step x layer heatmap of the gradient norm (max over each bucket)."""
-    st.subheader("Gradient norm per layer")
-    series = client.layers(run_id, "grad_norm", start, end, max_steps=MAX_HEATMAP_STEPS)
-    if series.frame.empty:
-        st.info("No per-layer statistics for this run in this window.")
-        return
-    st.caption(f"Max over each bucket of {series.bucket_steps} step(s); red: non-finite or zero.")
-    st.altair_chart(charts.layer_heatmap(series.frame, series.bucket_steps, "grad norm (L2)"))
-
-
-def rank_charts(client: CollectorClient, run_id: str, start: int | None, end: int | None) -> None:
-    """Per-rank step time: step x rank heatmap (bucket max) and the mean per rank.
-
-    The heatmap shows each bucket's max so a one-step stall stays visible; the bars need
-    the mean, a second query, since a mean of bucket maxima would overstate every rank.
-    """
-    st.subheader("Step time per rank")
-    series = client.ranks(run_id, "step_time_s", start, end, max_steps=MAX_HEATMAP_STEPS)
-    if series.frame.empty:
-        st.info("No per-rank statistics for this run in this window.")
-        return
-    means = client.ranks(run_id, "step_time_s", start, end, MAX_HEATMAP_STEPS, agg="mean")
-    left, right = st.columns([3, 1])
-    left.caption(f"Max over each bucket of {series.bucket_steps} step(s).")
-    left.altair_chart(charts.rank_heatmap(series.frame, series.bucket_steps, "step time (s)"))
-    right.altair_chart(charts.rank_mean_bar(means.frame, "mean step time (s)"))
-
-
-def alerts_table(client: CollectorClient, run: RunSummary) -> None:
-    """The run's alerts, newest first, with layer indices shown as layer names."""
-    st.subheader("Alerts")
-    alerts = client.alerts(run.run_id)
-    if alerts.empty:
-        st.success("No alerts for this run.")
-        return
-    st.dataframe(alerts_view(alerts, run.layer_names), hide_index=True)
-
-
-def alerts_view(alerts: pd.DataFrame, layer_names: Sequence[str]) -> pd.DataFrame:
-    """Alerts as displayed: UTC time, layer names, newest first."""
-    view = alerts.sort_values(["step", "time_unix_s"], ascending=False)
-    view.insert(0, "time", pd.to_datetime(view.pop("time_unix_s"), unit="s", utc=True))
-    view["layer"] = [layer_label(i, layer_names) for i in view["layer"]]
-    return view
-
-
-def layer_label(index: int | None, layer_names: Sequence[str]) -> str | None:
-    """Name of a layer index; None (or pd.NA) when the alert is not about a layer."""
-    if index is None or pd.isna(index):
-        return None
-    return layer_names[index] if index < len(layer_names) else f"layer {index}"
+def window_label(window: Window, last_step: int) -> str:
+    """E.g. "Steps 100 to 400 of 0 to 1,000", or "... to the latest (1,000)"."""
+    if window.end is None:
+        return f"Steps {window.start:,} to the latest ({last_step:,})."
+    return f"Steps {window.start:,} to {window.end:,} of 0 to {last_step:,}."
 
 
 # Streamlit (and AppTest) run this file as __main__; tests may import its helpers.

@@ -21,6 +21,7 @@ import pandas as pd
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 API = "/api/v1"
+EVENT_COLUMNS = ("step", "rank", "kind", "detail", "time_unix_s")
 ALERT_COLUMNS = (
     "time_unix_s",
     "severity",
@@ -64,6 +65,10 @@ class RunSummary:
     peak_flops_per_s: float | None = None
     flops_per_token: float | None = None
     n_params: int | None = None
+    # Power and token target: None from a collector that does not serve them yet.
+    power_source: str | None = None
+    power_unavailable: str | None = None
+    token_target: int | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunSummary:
@@ -162,6 +167,16 @@ class CollectorClient:
         frame = pd.DataFrame(rows, columns=list(ALERT_COLUMNS))
         # Nullable integers: an alert about no rank or layer keeps its null, not a float.
         return frame.astype({"step": "Int64", "rank": "Int64", "layer": "Int64"})
+
+    def events(self, run_id: str) -> pd.DataFrame:
+        """The run's events (injected faults, restarts, checkpoints), columns `EVENT_COLUMNS`."""
+        rows = self._get(f"{API}/runs/{run_id}/events")
+        frame = pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
+        return frame.astype({"step": "int64", "rank": "int64"})
+
+    def is_replay(self) -> bool:
+        """True when the collector serves a stored run read-only: its data cannot change."""
+        return bool(self.healthz().get("replay"))
 
     def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         try:

@@ -1,7 +1,13 @@
-"""Start the Streamlit dashboard as a child process (`trainvitals dashboard`, the demo)."""
+"""Start the Streamlit dashboard as a child process (`trainvitals dashboard`, the demo).
+
+`trainvitals dashboard --store FILE` replays a stored run: it starts a collector in replay
+mode (read-only) on a free port and the dashboard against it, and stops both on Ctrl-C.
+"""
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +40,8 @@ def dashboard_command(collector_url: str, port: int = 8501, host: str = "127.0.0
         "true",
         "--browser.gatherUsageStats",
         "false",
+        "--client.toolbarMode",  # no "Deploy" button: this is a monitoring page
+        "viewer",
         "--",  # what follows goes to app.py, not to streamlit
         "--collector",
         collector_url,
@@ -42,9 +50,78 @@ def dashboard_command(collector_url: str, port: int = 8501, host: str = "127.0.0
 
 def run_dashboard(collector_url: str, port: int = 8501, host: str = "127.0.0.1") -> int:
     """Serve the dashboard in the foreground until it exits; return its exit code."""
+    _exit_on_sigterm()
     proc = subprocess.Popen(dashboard_command(collector_url, port, host))
     try:
         return proc.wait()
     except KeyboardInterrupt:
         # Ctrl-C reached streamlit too (same process group): let it shut down on its own.
         return proc.wait()
+    finally:
+        _stop(proc)
+
+
+def replay_collector_command(store: Path, port: int) -> list[str]:
+    """The argv of a collector serving `store` read-only on 127.0.0.1:port."""
+    return [
+        sys.executable,
+        "-m",
+        "trainvitals",
+        "collector",
+        "--store",
+        str(store),
+        "--replay",
+        "--port",
+        str(port),
+    ]
+
+
+def run_replay(store: Path, port: int = 8501, host: str = "127.0.0.1") -> int:
+    """Serve the runs stored in `store` for a post-mortem, until Ctrl-C; return an exit code.
+
+    Raises ValueError when the store does not exist, RuntimeError when the collector does
+    not start (a store another process holds open for writing, for instance).
+    """
+    from trainvitals.demo import wait_healthy
+
+    if not store.is_file():
+        raise ValueError(f"store {store} does not exist")
+    _exit_on_sigterm()
+    collector_port = free_port()
+    collector_url = f"http://127.0.0.1:{collector_port}"
+    collector = subprocess.Popen(replay_collector_command(store, collector_port))
+    try:
+        wait_healthy(f"{collector_url}/healthz", collector)
+        print(
+            f"replaying {store}: collector {collector_url}, dashboard http://{host}:{port}",
+            flush=True,
+        )
+        return run_dashboard(collector_url, port, host)
+    finally:
+        _stop(collector)
+
+
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so that `finally` stops the children started here.
+
+    Without it a process manager's SIGTERM kills this process alone and leaves streamlit
+    (and a replay collector) serving. Ctrl-C needs nothing: it reaches the whole group.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
+def _stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Ask a child to stop and wait for it (a no-op once it has exited)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,24 +1,40 @@
-"""The Streamlit app, run headless by AppTest against real HTTP collectors."""
+"""The Streamlit app, run headless by AppTest against real HTTP collectors.
+
+Each view is checked against a collector holding a real 4-rank run (`collector_with_run`);
+the empty states and the alert jump against canned answers, which can hold what that run
+lacks (alerts with a culprit, a reason for missing power) or lack what it has.
+"""
 
 from __future__ import annotations
 
 import json
 
-import pandas as pd
+import httpx
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from trainvitals.dashboard.app import URL_ENV_VAR, alerts_view, collector_url, count_label
-from trainvitals.dashboard.client import CollectorClient
+from tests.dashboard.canned import canned_run
+from trainvitals.dashboard.app import URL_ENV_VAR, collector_url, count_label
 from trainvitals.dashboard.launch import APP_PATH
+from trainvitals.dashboard.state import (
+    JUMP_WIDTH_STEPS,
+    SLIDER_KEY,
+    VIEW_KEY,
+    VIEWS,
+    WINDOWS_KEY,
+)
 
 # AppTest's default (3 s) is tight for a first run that imports altair on 2 busy cores.
 RUN_TIMEOUT_S = 60
 
 
-def run_app(monkeypatch: pytest.MonkeyPatch, url: str) -> AppTest:
+def run_app(monkeypatch: pytest.MonkeyPatch, url: str, view: str | None = None) -> AppTest:
     monkeypatch.setenv(URL_ENV_VAR, url)
-    return AppTest.from_file(str(APP_PATH), default_timeout=RUN_TIMEOUT_S).run()
+    at = AppTest.from_file(str(APP_PATH), default_timeout=RUN_TIMEOUT_S)
+    if view:
+        at.session_state[VIEW_KEY] = view
+    return at.run()
 
 
 def chart_specs(at: AppTest) -> list[dict]:
@@ -26,10 +42,130 @@ def chart_specs(at: AppTest) -> list[dict]:
     return [json.loads(chart.proto.spec) for chart in at.get("vega_lite_chart")]
 
 
+def chart_rows(at: AppTest) -> list[int]:
+    """Rows of data each chart on the page holds (its Arrow datasets, summed)."""
+    return [
+        sum(pa.ipc.open_stream(d.data.data).read_all().num_rows for d in chart.proto.datasets)
+        for chart in at.get("vega_lite_chart")
+    ]
+
+
+def titles(at: AppTest) -> set[str]:
+    return {spec.get("title") for spec in chart_specs(at)} - {None}
+
+
 def y_fields(spec: dict) -> set[str]:
     """Fields on the y axis of a chart or of any of its layers."""
     layers = spec.get("layer", [spec])
     return {layer["encoding"]["y"]["field"] for layer in layers if "encoding" in layer}
+
+
+def texts(elements) -> str:
+    return " ".join(e.value for e in elements)
+
+
+def api(url: str, path: str, **params) -> dict | list:
+    return httpx.get(f"{url}/api/v1{path}", params=params, timeout=10).json()
+
+
+# ------------------------------------------------------------------ a real run, each view
+
+
+def test_overview_of_a_real_run(monkeypatch, collector_with_run) -> None:
+    run = api(collector_with_run, "/runs")[0]
+    at = run_app(monkeypatch, collector_with_run)
+    assert not at.exception
+    assert not at.error
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["last step"] == f"{run['last_step']:,}"
+    assert metrics["MFU"].endswith(" %")
+    assert metrics["goodput (estimate)"].endswith(" %")
+    expected = {"Loss", "Gradient norm, before clipping", "Throughput", "Learning rate"}
+    expected |= {"Model FLOPs utilization", "Achieved FLOP rate per device"}
+    assert expected <= titles(at)
+    assert all(rows == run["last_step"] + 1 for rows in chart_rows(at))  # one point a step
+    # The power panel: a chart when the run measured power, else a message saying why not.
+    has_power = any(api(collector_with_run, f"/runs/{run['run_id']}/steps")["columns"]["power_w"])
+    assert ("Power, all devices" in titles(at)) == has_power
+    assert ("power" in texts(at.info)) != has_power
+
+
+def test_layers_view_of_a_real_run(monkeypatch, collector_with_run) -> None:
+    run = api(collector_with_run, "/runs")[0]
+    at = run_app(monkeypatch, collector_with_run, view="Layers")
+    assert not at.exception
+    specs = chart_specs(at)
+    assert specs
+    assert all(y_fields(s) == {"layer_name"} for s in specs)
+    n_cells = (run["last_step"] + 1) * len(run["layer_names"])
+    assert all(rows == n_cells for rows in chart_rows(at))
+    headings = [h.value for h in at.subheader]
+    assert headings[:2] == ["Gradient L2 norm per layer", "Activation RMS per layer"]
+    reported = [
+        any(api(collector_with_run, f"/runs/{run['run_id']}/layers", metric=m)["value"])
+        for m in ("grad_norm", "act_rms", "update_rms")
+    ]
+    assert len(specs) == sum(reported)  # a heatmap per reported metric, a message otherwise
+    assert len(at.info) == 3 - sum(reported)
+
+
+def test_ranks_view_of_a_real_run(monkeypatch, collector_with_run) -> None:
+    run = api(collector_with_run, "/runs")[0]
+    at = run_app(monkeypatch, collector_with_run, view="Ranks")
+    assert not at.exception
+    heatmaps = [s for s in chart_specs(at) if y_fields(s) == {"rank"}]
+    assert len(heatmaps) == 2  # compute (or step) time, and waiting time
+    assert [h.value for h in at.subheader][:2] == ["Compute time per rank", "Waiting time per rank"]
+    [slowest] = at.dataframe
+    assert sorted(slowest.value["rank"]) == list(range(run["world_size"]))
+    assert slowest.value["behind_s"].is_monotonic_decreasing
+    assert "Not measured yet" in texts(at.info)  # collective bandwidth
+
+
+def test_health_view_of_a_real_run(monkeypatch, collector_with_run) -> None:
+    run = api(collector_with_run, "/runs")[0]
+    grid = api(collector_with_run, f"/runs/{run['run_id']}/ranks", metric="canary_fingerprint")
+    at = run_app(monkeypatch, collector_with_run, view="Health")
+    assert not at.exception
+    if any(v is not None for v in grid["value"]):  # the hooks ran their SDC canary
+        # Four healthy CPU ranks compute the same canary, bit for bit.
+        assert f"All {run['world_size']} ranks agree" in texts(at.success)
+        assert any(y_fields(s) == {"rank"} for s in chart_specs(at))
+    else:
+        assert "No SDC fingerprints" in texts(at.info)
+    assert "No injected faults" in texts(at.info)
+
+
+# ------------------------------------------------------------------ state across views
+
+
+def test_moving_between_views_keeps_the_run_and_the_window(monkeypatch, collector_with_run) -> None:
+    at = run_app(monkeypatch, collector_with_run)
+    run_id = at.sidebar.selectbox[0].value
+    at = at.sidebar.slider[0].set_value((2, 6)).run()
+    for view in (*VIEWS[1:], VIEWS[0]):
+        at = at.segmented_control[0].set_value(view).run()
+        assert not at.exception
+        assert at.sidebar.selectbox[0].value == run_id
+        assert at.sidebar.slider[0].value == (2, 6)
+        assert at.caption[0].value.startswith("Steps 2 to 6 of")
+    assert at.session_state[WINDOWS_KEY][run_id] == (2, 6, False)
+
+
+def test_the_step_window_follows_the_live_end_only_from_the_end(
+    monkeypatch, collector_with_run
+) -> None:
+    at = run_app(monkeypatch, collector_with_run)
+    run_id = at.sidebar.selectbox[0].value
+    last_step = at.sidebar.slider[0].value[1]
+    at = at.sidebar.slider[0].set_value((1, last_step // 2)).run()
+    assert at.session_state[WINDOWS_KEY][run_id] == (1, last_step // 2, False)
+    at = at.sidebar.slider[0].set_value((1, last_step)).run()
+    assert at.session_state[WINDOWS_KEY][run_id] == (1, last_step, True)
+    assert at.caption[0].value.startswith("Steps 1 to the latest")
+
+
+# ------------------------------------------------------------------ canned collectors
 
 
 def test_unreachable_collector_is_an_error_naming_the_url(monkeypatch, unused_url) -> None:
@@ -49,57 +185,113 @@ def test_no_runs_yet_is_an_info(monkeypatch, canned_collector) -> None:
     assert not at.get("vega_lite_chart")
 
 
-def test_a_run_without_layer_or_rank_data_says_so(monkeypatch, canned_collector) -> None:
-    empty_grid = {"bucket_steps": 1, "step": [], "value": []}
-    steps = {"step": [0, 1], "loss": [3.0, 2.9], "loss_max": [3.0, 2.9], "lr": [1e-3, 1e-3]}
-    steps |= {"grad_norm": [1.0, 0.9], "grad_norm_max": [1.0, 0.9], "tokens_per_s": [10, 11]}
-    steps |= {"mfu_ratio": [None, None], "tflops_per_s_per_device": [0.1, 0.1]}
-    canned_collector.routes |= {
-        "/api/v1/runs": (200, [{"run_id": "r1", "last_step": 1}]),
-        "/api/v1/runs/r1/steps": (200, {"bucket_steps": 1, "columns": steps}),
-        "/api/v1/runs/r1/layers": (200, {"layer_names": None, "layer": [], **empty_grid}),
-        "/api/v1/runs/r1/ranks": (200, {"rank": [], **empty_grid}),
-        "/api/v1/runs/r1/alerts": (200, []),
-    }
+def test_a_run_with_no_step_yet_says_so(monkeypatch, canned_collector) -> None:
+    canned_run(canned_collector, n_steps=1)
+    canned_collector.routes["/api/v1/runs"] = (200, [{"run_id": "r1", "last_step": None}])
     at = run_app(monkeypatch, canned_collector.url)
     assert not at.exception
-    infos = " ".join(info.value for info in at.info)
-    assert "No per-layer statistics" in infos
-    assert "No per-rank statistics" in infos
-    assert "MFU unknown" in infos
-    assert [s["title"] for s in chart_specs(at)] == ["Loss", "Throughput", "Gradient norm"]
-    assert dict((m.label, m.value) for m in at.metric)["MFU"] == "n/a"
+    assert "has not logged a step yet" in texts(at.info)
+    assert not at.get("vega_lite_chart")
 
 
-def test_a_finished_run_shows_its_metrics_and_charts(monkeypatch, collector_with_run) -> None:
-    with CollectorClient(collector_with_run) as client:
-        run = client.runs()[0]  # the newest: what the app shows first
-    at = run_app(monkeypatch, collector_with_run)
-    assert not at.exception
-    assert not at.error
-    metrics = {m.label: m.value for m in at.metric}
-    assert metrics["last step"] == f"{run.last_step:,}"
-    specs = chart_specs(at)
-    titles = {s.get("title") for s in specs}
-    assert {"Loss", "Gradient norm", "Throughput", "Mean per rank"} <= titles
-    assert any("layer_name" in y_fields(s) for s in specs)  # step x layer heatmap
-    assert any("rank" in y_fields(s) for s in specs)  # step x rank heatmap
-
-
-def test_the_step_window_is_remembered_and_follows_only_at_the_end(
-    monkeypatch, collector_with_run
+def test_every_view_of_a_run_missing_data_says_what_is_missing(
+    monkeypatch, canned_collector
 ) -> None:
-    at = run_app(monkeypatch, collector_with_run)
-    [window] = at.sidebar.slider
-    run_id = at.sidebar.selectbox[0].value
-    last_step = window.value[1]
-    at = window.set_value((1, last_step // 2)).run()
+    tried = "nvml: NVML Shared Library Not Found; rapl: /sys/class/powercap is missing"
+    canned_run(canned_collector, n_steps=5, power_source="", power_unavailable=tried)
+    at = run_app(monkeypatch, canned_collector.url)
     assert not at.exception
-    assert not at.error
-    assert at.get("vega_lite_chart")
-    assert at.session_state[f"window:{run_id}"] == (1, last_step // 2, False)
-    at = at.sidebar.slider[0].set_value((1, last_step)).run()
-    assert at.session_state[f"window:{run_id}"] == (1, last_step, True)
+    assert "MFU unknown" in texts(at.info)
+    assert f"No power source on this host. Tried: {tried}" in texts(at.info)
+    assert dict((m.label, m.value) for m in at.metric)["power (W)"] == "n/a"
+    expected = {
+        "Layers": ["No per-layer statistics"],
+        "Ranks": ["No per-rank statistics"],
+        "Health": ["No SDC fingerprints", "No injected faults"],
+    }
+    for view, messages in expected.items():
+        at = at.segmented_control[0].set_value(view).run()
+        assert not at.exception
+        assert all(m in texts(at.info) for m in messages), view
+        assert not at.get("vega_lite_chart"), view  # a message, never an empty chart
+    assert "No alerts for this run" in texts(at.success)
+
+
+def alert(step: int, layer: int | None = None) -> dict:
+    return {
+        "step": step,
+        "kind": "nonfinite" if layer is not None else "loss_spike",
+        "severity": "critical",
+        "layer": layer,
+        "rank": None,
+        "message": "what happened",
+        "value": None,
+        "baseline": None,
+        "time_unix_s": 1000.0 + step,
+    }
+
+
+def select_row(at: AppTest, table_key: str, row: int) -> AppTest:
+    """What clicking a row of a selectable st.dataframe does, then the rerun it causes."""
+    at.session_state[table_key] = {"selection": {"rows": [row], "columns": [], "cells": []}}
+    return at.run()
+
+
+def test_dropped_telemetry_is_a_warning(monkeypatch, canned_collector) -> None:
+    canned_run(canned_collector, n_steps=5)
+    steps = canned_collector.routes["/api/v1/runs/r1/steps"][1]
+    steps["columns"]["telemetry_dropped"] = [0, 0, 3, 3, 7]
+    at = run_app(monkeypatch, canned_collector.url)
+    assert "dropped 7 logged steps or batches" in texts(at.warning)
+
+
+def test_selecting_an_alert_jumps_to_its_step_and_the_culprits_view(
+    monkeypatch, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=1000, alerts=[alert(500, layer=1)])
+    at = run_app(monkeypatch, canned_collector.url, view="Health")
+    assert at.sidebar.slider[0].value == (0, 999)
+    at = select_row(at, "alerts:health", 0)
+    assert not at.exception
+    assert at.session_state[VIEW_KEY] == "Layers"
+    first, last = 500 - JUMP_WIDTH_STEPS // 2, 500 - JUMP_WIDTH_STEPS // 2 + JUMP_WIDTH_STEPS - 1
+    assert at.session_state[SLIDER_KEY] == (first, last)
+    assert at.caption[0].value.startswith(f"Steps {first} to {last} of")
+    path, query = canned_collector.requests[-1]  # the layers view asked for the new window
+    assert path.endswith("/layers")
+    assert (query["start"], query["end"]) == (str(first), str(last))
+
+
+def test_an_alert_without_culprit_moves_the_window_and_the_page_settles(
+    monkeypatch, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=1000, alerts=[alert(900), alert(100)])
+    at = run_app(monkeypatch, canned_collector.url)  # the overview lists the newest first
+    at = select_row(at, "alerts:overview", 1)
+    assert not at.exception
+    assert at.session_state[VIEW_KEY] == "Overview"
+    assert at.session_state[SLIDER_KEY] == (0, JUMP_WIDTH_STEPS - 1)
+    # The table is drawn again with the jump done: a selection left standing would jump
+    # on every rerun, and the page would never settle.
+    assert at.session_state["alerts:overview"]["selection"]["rows"] == []
+    requests = len(canned_collector.requests)
+    at = at.run()
+    assert at.session_state[SLIDER_KEY] == (0, JUMP_WIDTH_STEPS - 1)
+    assert len(canned_collector.requests) - requests < 10  # one rerun's worth, no loop
+
+
+def test_a_replaying_collector_is_said_to_be_and_a_live_one_refreshes(
+    monkeypatch, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=5)
+    at = run_app(monkeypatch, canned_collector.url)
+    assert "refreshes every 2 s" in texts(at.sidebar.caption)
+    canned_collector.routes["/healthz"] = (200, {"status": "ok", "replay": True})
+    at = at.run()
+    assert "Replay: a stored run" in texts(at.sidebar.caption)
+
+
+# ------------------------------------------------------------------ helpers
 
 
 def test_collector_url_prefers_the_script_arg_then_the_env_var() -> None:
@@ -107,17 +299,6 @@ def test_collector_url_prefers_the_script_arg_then_the_env_var() -> None:
     assert collector_url(["--collector", "http://arg:2"], env) == "http://arg:2"
     assert collector_url(["--co"], env) == "http://env:1"  # pytest's flag, not ours
     assert collector_url([], {}) == "http://127.0.0.1:8000"
-
-
-def test_alerts_view_names_layers_and_puts_the_newest_first() -> None:
-    alerts = pd.DataFrame(
-        {"time_unix_s": [1.0, 2.0], "step": [3, 9], "layer": [1, None], "message": ["a", "b"]}
-    ).astype({"layer": "Int64"})
-    view = alerts_view(alerts, ["emb", "layers.0"])
-    assert view["message"].tolist() == ["b", "a"]
-    assert view["layer"].isna().tolist() == [True, False]
-    assert view["layer"].iloc[1] == "layers.0"
-    assert view.columns[0] == "time"
 
 
 def test_count_label() -> None:

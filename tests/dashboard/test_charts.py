@@ -38,3 +38,49 @@ def test_rank_mean_bar_marks_the_median_over_ranks() -> None:
     spec = charts.rank_mean_bar(frame, "mean step time (s)").to_dict()
     [median] = [d for d in spec["datasets"].values() if "median" in d[0]]
     assert median == [{"median": 1.2}]  # rank means 1.0, 1.2, 4.0
+
+
+def test_rank_heatmap_colours_clamp_to_central_values_so_one_outlier_cannot_flatten_them() -> None:
+    values = [1.0] * 99 + [1000.0]  # one start-up step, a hundred times slower than the rest
+    frame = pd.DataFrame({"step": range(100), "rank": [0] * 100, "value": values})
+    scale = charts.rank_heatmap(frame, 1, "compute time (s)").to_dict()["encoding"]["color"]
+    assert scale["scale"]["clamp"] is True
+    assert scale["scale"]["domain"][1] < 1000.0
+
+
+def test_heatmaps_carry_only_the_columns_they_draw_in_narrow_types() -> None:
+    # What a chart holds goes to the browser on every refresh.
+    frame = pd.DataFrame({"step": [0, 1], "rank": [0, 0], "value": [1.0, 2.0], "extra": [0, 0]})
+    data = charts.rank_heatmap(frame, 1, "s").data
+    assert list(data.columns) == ["step", "rank", "value"]
+    assert {str(t) for t in data.dtypes} == {"int32", "float32"}
+
+
+def test_alert_timeline_has_a_row_per_kind_and_the_evidence_in_the_tooltip() -> None:
+    alerts = pd.DataFrame(
+        {
+            "step": [49, 120],
+            "kind": ["straggler", "sdc"],
+            "severity": ["warning", "critical"],
+            "message": ["rank 1 is slow", "rank 2 differs"],
+            "value": [1.3, None],
+            "baseline": [1.0, None],
+        }
+    )
+    events = pd.DataFrame(
+        {"step": [80], "rank": [1], "kind": ["fault:straggler"], "detail": ["{}"]}
+    )
+    spec = charts.alert_timeline(alerts, events, (0, 200)).to_dict()
+    points = spec["layer"][0]
+    tooltip = {t.get("title", t["field"]) for t in points["encoding"]["tooltip"]}
+    assert {"observed", "expected", "message"} <= tooltip
+    assert points["encoding"]["x"]["scale"]["domain"] == [0, 200]
+    rows = {r["kind"] for d in spec["datasets"].values() for r in d}
+    assert rows == {"straggler", "sdc", "fault:straggler"}
+    assert spec["height"] > charts.AXES_PX + 2 * charts.TIMELINE_ROW_PX
+
+
+def test_heatmap_steps_keep_wide_grids_within_the_cell_budget() -> None:
+    assert charts.heatmap_steps(5) == charts.MAX_HEATMAP_STEPS
+    assert charts.heatmap_steps(1024) * 1024 <= charts.MAX_HEATMAP_CELLS
+    assert charts.heatmap_steps(10**6) == 1

@@ -103,3 +103,35 @@ def test_alerts_keep_null_rank_and_layer(canned_collector) -> None:
     assert alerts["layer"].tolist() == [2]
     assert empty.empty
     assert list(empty.columns) == list(alerts.columns)
+
+
+def test_power_and_target_fields_are_read_when_the_collector_serves_them(
+    canned_collector,
+) -> None:
+    run = {"run_id": "r1", "power_source": "", "power_unavailable": "nvml: no driver"}
+    canned_collector.routes["/api/v1/runs"] = (200, [run | {"token_target": 10**12}])
+    with CollectorClient(canned_collector.url) as client:
+        [summary] = client.runs()
+    assert summary.power_unavailable == "nvml: no driver"
+    assert summary.token_target == 10**12
+
+
+def test_events_are_typed_and_an_empty_list_keeps_the_columns(canned_collector) -> None:
+    event = {"step": 80, "rank": 1, "kind": "fault:straggler", "detail": "{}", "time_unix_s": 1.0}
+    canned_collector.routes["/api/v1/runs/r1/events"] = (200, [event])
+    canned_collector.routes["/api/v1/runs/r2/events"] = (200, [])
+    with CollectorClient(canned_collector.url) as client:
+        events = client.events("r1")
+        empty = client.events("r2")
+    assert events["step"].tolist() == [80]
+    assert str(events["rank"].dtype) == "int64"
+    assert list(empty.columns) == list(events.columns)
+
+
+def test_is_replay_reads_healthz(canned_collector) -> None:
+    canned_collector.routes["/healthz"] = (200, {"status": "ok", "replay": True})
+    with CollectorClient(canned_collector.url) as client:
+        assert client.is_replay()
+    canned_collector.routes["/healthz"] = (200, {"status": "ok", "replay": False})
+    with CollectorClient(canned_collector.url) as client:
+        assert not client.is_replay()

@@ -1,16 +1,24 @@
-"""The dashboard launcher: its argv, and that streamlit really serves with it."""
+"""The dashboard launcher: its argv, and `trainvitals dashboard --store` replaying a store."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
 import subprocess
+import sys
+from pathlib import Path
 
+import duckdb
 import httpx
 import pytest
 
 from tests.conftest import wait_until
+from trainvitals.collector.store import Store
 from trainvitals.dashboard.launch import APP_PATH, dashboard_command
 
-STARTUP_TIMEOUT_S = 60
+STARTUP_TIMEOUT_S = 90
 
 
 def test_command_runs_the_app_and_passes_the_url_after_the_separator() -> None:
@@ -28,24 +36,74 @@ def test_command_rejects_a_bad_url_or_port(url: str, port: int) -> None:
         dashboard_command(url, port=port)
 
 
-def test_streamlit_serves_with_the_command(unused_url: str, free_tcp_port: int) -> None:
+def stored_run(path: Path) -> Path:
+    """A store, made as the collector makes them, holding one logged step of run 'r1'."""
+    Store(str(path)).close()
+    with duckdb.connect(str(path)) as con:
+        con.execute(
+            "INSERT INTO steps (run_id, step, time_unix_s, loss, grad_norm, tokens, step_time_s,"
+            " tokens_per_s, tflops_per_s_per_device, mfu_ratio) "
+            "VALUES ('r1', 0, 1.0, 2.5, 1.0, 512, 0.5, 1024.0, 0.1, 0.01)"
+        )
+    return path
+
+
+def test_replay_serves_a_store_and_ctrl_c_stops_collector_and_dashboard(
+    tmp_path: Path, free_tcp_port: int
+) -> None:
+    log = tmp_path / "replay.log"
+    store = stored_run(tmp_path / "run.duckdb")
+    argv = [sys.executable, "-m", "trainvitals", "dashboard", "--store", str(store)]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*argv, "--port", str(free_tcp_port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, as a terminal's job is
+        )
+    try:
+        found = wait_until(
+            lambda: re.search(r"collector (http://\S+),", log.read_text()), STARTUP_TIMEOUT_S
+        )
+        collector = found.group(1)
+        assert httpx.get(f"{collector}/healthz").json()["replay"] is True
+        assert [r["run_id"] for r in httpx.get(f"{collector}/api/v1/runs").json()] == ["r1"]
+        health = f"http://127.0.0.1:{free_tcp_port}/_stcore/health"
+        wait_until(lambda: _answers(health), STARTUP_TIMEOUT_S)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the terminal's job
+        assert proc.wait(30) == 0
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)  # no process of the group is left: collector included
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in log.read_text()
+
+
+def test_sigterm_to_the_command_stops_the_streamlit_it_started(
+    unused_url: str, free_tcp_port: int
+) -> None:
+    argv = [sys.executable, "-m", "trainvitals", "dashboard", "--collector", unused_url]
     proc = subprocess.Popen(
-        dashboard_command(unused_url, port=free_tcp_port),
+        [*argv, "--port", str(free_tcp_port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        start_new_session=True,  # so that the test can clean up whatever is left
     )
-
-    def healthy() -> bool:
-        assert proc.poll() is None, "streamlit exited"
-        try:
-            health = httpx.get(f"http://127.0.0.1:{free_tcp_port}/_stcore/health", timeout=1.0)
-        except httpx.TransportError:
-            return False  # not listening yet
-        return health.status_code == 200
-
+    health = f"http://127.0.0.1:{free_tcp_port}/_stcore/health"
     try:
-        wait_until(healthy, timeout_s=STARTUP_TIMEOUT_S)
+        wait_until(lambda: _answers(health), STARTUP_TIMEOUT_S)
+        proc.terminate()  # a process manager's SIGTERM, to the command alone
+        proc.wait(30)
+        wait_until(lambda: not _answers(health), timeout_s=30)
     finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=30)
-    assert b"Traceback" not in stderr
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert b"Traceback" not in proc.stderr.read()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.TransportError:
+        return False  # not listening yet

@@ -1,0 +1,73 @@
+"""Layers: step x layer heatmaps, to trace a spike to the layer where it started."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from trainvitals.dashboard import charts, derive
+from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
+from trainvitals.dashboard.state import Window
+
+
+@dataclass(frozen=True)
+class LayerMetric:
+    field: str  # column of the layers table
+    name: str  # also the colour legend's title; the quantities are dimensionless
+
+
+METRICS = (
+    LayerMetric("grad_norm", "gradient L2 norm"),
+    LayerMetric("act_rms", "activation RMS"),
+    LayerMetric("update_rms", "update RMS"),
+)
+
+
+def load(client: CollectorClient, run: RunSummary, window: Window) -> dict[str, Series]:
+    """One bucketed step x layer grid per metric; max per bucket, so a spike survives."""
+    max_steps = charts.heatmap_steps(len(run.layer_names))
+    return {
+        m.field: client.layers(run.run_id, m.field, window.start, window.end, max_steps, agg="max")
+        for m in METRICS
+    }
+
+
+def render(grids: dict[str, Series], run: RunSummary) -> None:
+    shown = [grids[m.field] for m in METRICS if grids[m.field].frame["value"].notna().any()]
+    if not shown:
+        st.info("No per-layer statistics for this run in this window.")
+        return
+    # One x range for every heatmap, so that a column means the same steps in each.
+    steps = (
+        min(int(s.frame["step"].min()) for s in shown),
+        max(int(s.frame["step"].max()) + s.bucket_steps for s in shown),
+    )
+    st.caption(
+        f"Max over each bucket of {shown[0].bucket_steps} step(s), log colour scale; "
+        "red: non-finite or zero."
+    )
+    for metric in METRICS:
+        heatmap(metric, grids[metric.field], steps)
+
+
+def heatmap(metric: LayerMetric, grid: Series, steps: tuple[int, int]) -> None:
+    st.subheader(f"{metric.name[0].upper()}{metric.name[1:]} per layer")
+    frame = grid.frame
+    if not frame["value"].notna().any():
+        st.info(f"This run did not report the {metric.name} of its layers.")
+        return
+    jump = derive.first_jump(frame)
+    if jump is not None:
+        st.caption(jump_caption(jump))
+    st.altair_chart(charts.layer_heatmap(frame, grid.bucket_steps, metric.name, steps))
+
+
+def jump_caption(jump: pd.Series) -> str:
+    """Where a spike started: the cell `derive.first_jump` found."""
+    if pd.isna(jump["value"]):
+        how = "non-finite"
+    else:
+        how = f"{jump['value'] / jump['median']:.0f}x its median over the window"
+    return f"Earliest jump: **{jump['layer_name']}** at step {int(jump['step']):,}, {how}."

@@ -1,0 +1,163 @@
+"""Overview: training curves, efficiency (MFU, power, energy, goodput) and the latest alerts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from trainvitals.dashboard import charts, derive
+from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
+from trainvitals.dashboard.common import alert_table, duration_label, fmt, no_power_message
+from trainvitals.dashboard.state import Window
+
+# Points per line chart: about one per pixel of a half-width chart; the collector
+# averages steps into this many buckets (and keeps the max of loss and grad norm).
+MAX_LINE_POINTS = 1000
+LATEST_ALERTS = 10
+GOODPUT_HELP = (
+    "Steps x median step time / wall time since the run started: start-up, restarts, "
+    "checkpoints, stalls and steps slower than usual count as lost."
+)
+
+
+@dataclass(frozen=True)
+class OverviewData:
+    series: Series  # the window, bucketed
+    whole_run: pd.DataFrame  # the whole run, bucketed: for goodput and the token target
+    latest: pd.Series  # the run's last logged step, raw
+    alerts: pd.DataFrame
+
+
+def load(client: CollectorClient, run: RunSummary, window: Window) -> OverviewData:
+    """What the view shows, in at most four requests whatever the run's length."""
+    run_id = run.run_id
+    series = client.steps(run_id, window.start, window.end, max_points=MAX_LINE_POINTS)
+    whole_run = series
+    if window != Window():
+        whole_run = client.steps(run_id, max_points=MAX_LINE_POINTS)
+    # start=last_step selects exactly the last logged step.
+    latest = client.steps(run_id, start=run.last_step).frame.iloc[-1]
+    return OverviewData(series, whole_run.frame, latest, client.alerts(run_id))
+
+
+def render(data: OverviewData, run: RunSummary) -> None:
+    progress = derive.progress(
+        run,
+        first_step=int(data.whole_run["step"].iloc[0]),
+        median_step_time_s=data.whole_run["step_time_s"].median(),
+        mean_tokens=data.whole_run["tokens"].mean(),
+    )
+    headline(data.latest, progress, run)
+    dropped = data.latest.get("telemetry_dropped", 0)
+    if dropped > 0:  # NaN (not reported) compares false
+        st.warning(
+            f"The hooks dropped {int(dropped):,} logged steps or batches of telemetry since "
+            "the run started: a gap in these charts is lost data, not a quiet period."
+        )
+    frame = data.series.frame
+    if frame.empty:
+        st.info("No steps in this window.")
+        return
+    if data.series.bucket_steps > 1:
+        st.caption(
+            f"Each point is the mean of {data.series.bucket_steps} steps; "
+            "the bands reach each bucket's max."
+        )
+    training_charts(frame)
+    efficiency_charts(frame, run)
+    latest_alerts(data.alerts, run)
+
+
+def headline(latest: pd.Series, progress: derive.Progress, run: RunSummary) -> None:
+    """The latest step's numbers (raw, not bucket means), then the run's totals."""
+    mfu_help = None if run.peak_flops_per_s else "The run reported no peak FLOP/s for its device."
+    top = st.columns(5)
+    top[0].metric("last step", f"{int(latest.step):,}")
+    top[1].metric("loss (nats/token)", fmt(latest.loss, ".4f", missing="non-finite"))
+    top[2].metric("tokens/s", fmt(latest.tokens_per_s, ",.0f"))
+    top[3].metric("MFU", fmt(100 * latest.mfu_ratio, ".1f", unit=" %"), help=mfu_help)
+    top[4].metric("TFLOP/s per device", fmt(latest.tflops_per_s_per_device, ".4g"))
+    power_help = None if latest.power_w > 0 else no_power_message(run)
+    energy_j = latest.energy_j
+    bottom = st.columns(5)
+    bottom[0].metric("power (W)", fmt(latest.power_w, ",.0f"), help=power_help)
+    bottom[1].metric("energy so far (kWh)", fmt(energy_j / derive.J_PER_KWH, ".4g"))
+    bottom[2].metric(
+        "tokens per joule",
+        fmt(progress.tokens_done / energy_j if energy_j > 0 else None, ".4g"),
+        help="Tokens so far / energy so far.",
+    )
+    bottom[3].metric(
+        "goodput (estimate)",
+        fmt(100 * progress.goodput_ratio, ".1f", unit=" %"),
+        help=GOODPUT_HELP,
+    )
+    bottom[4].metric(
+        "to token target",
+        eta_label(progress, run),
+        help="At the run's pace so far, lost time included.",
+    )
+
+
+def eta_label(progress: derive.Progress, run: RunSummary) -> str:
+    if not run.token_target:
+        return "no target"
+    if progress.eta_s == 0:
+        return "reached"
+    return duration_label(progress.eta_s)
+
+
+def training_charts(frame: pd.DataFrame) -> None:
+    """Loss, gradient norm, learning rate and throughput, two per row."""
+    left, right = st.columns(2)
+    # F.cross_entropy in the reference trainer: natural log, mean over tokens.
+    left.altair_chart(charts.band_line(frame, "loss", "loss_max", "Loss", "loss (nats/token)"))
+    right.altair_chart(
+        charts.band_line(
+            frame, "grad_norm", "grad_norm_max", "Gradient norm, before clipping", "L2 norm"
+        )
+    )
+    left.altair_chart(charts.line(frame, "tokens_per_s", "Throughput", "tokens/s"))
+    if frame["lr"].notna().any():
+        right.altair_chart(charts.line(frame, "lr", "Learning rate", "learning rate"))
+    else:
+        right.info("The run reported no learning rate.")
+
+
+def efficiency_charts(frame: pd.DataFrame, run: RunSummary) -> None:
+    """MFU and achieved FLOP/s per device; power, energy and tokens per joule."""
+    left, right = st.columns(2)
+    if frame["mfu_ratio"].notna().any():
+        mfu = frame.assign(mfu_pct=100 * frame["mfu_ratio"])
+        left.altair_chart(charts.line(mfu, "mfu_pct", "Model FLOPs utilization", "MFU (%)"))
+    else:
+        left.info("MFU unknown: the run reported no peak FLOP/s for its device.")
+    right.altair_chart(
+        charts.line(frame, "tflops_per_s_per_device", "Achieved FLOP rate per device", "TFLOP/s")
+    )
+    if not frame["power_w"].notna().any():
+        st.info(no_power_message(run))
+        return
+    energy = frame.assign(
+        energy_kwh=frame["energy_j"] / derive.J_PER_KWH,
+        tokens_per_j=derive.tokens_per_joule(frame["tokens_per_s"], frame["power_w"]),
+    )
+    left, middle, right = st.columns(3)
+    left.altair_chart(charts.line(energy, "power_w", "Power, all devices", "power (W)"))
+    middle.altair_chart(charts.line(energy, "energy_kwh", "Energy so far", "energy (kWh)"))
+    right.altair_chart(charts.line(energy, "tokens_per_j", "Energy efficiency", "tokens/J"))
+
+
+def latest_alerts(alerts: pd.DataFrame, run: RunSummary) -> None:
+    st.subheader("Latest alerts")
+    if alerts.empty:
+        st.success("No alerts for this run.")
+        return
+    newest = alerts.sort_values("step", ascending=False).head(LATEST_ALERTS)
+    st.caption(
+        f"The {len(newest)} newest of {len(alerts)}; select one to jump to it. "
+        "The Health view lists them all."
+    )
+    alert_table(newest, run, key="alerts:overview")

@@ -1,0 +1,120 @@
+"""Ranks: where each rank's time goes, the slowest ranks and what they cost, device power."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from trainvitals.dashboard import charts, derive
+from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
+from trainvitals.dashboard.common import no_power_message, rank_count
+from trainvitals.dashboard.state import Window
+
+SLOWEST_SHOWN = 10
+# Per-rank device readings: (field, what it is, axis title with unit).
+DEVICE_METRICS = (
+    ("power_w", "power", "mean power (W)"),
+    ("sm_clock_mhz", "SM clock", "mean SM clock (MHz)"),
+    ("temperature_c", "temperature", "mean temperature (°C)"),
+)
+
+
+@dataclass(frozen=True)
+class RanksData:
+    time_field: str  # compute_time_s, or step_time_s from a run without the breakdown
+    busy: Series  # time_field, bucket max
+    busy_means: Series  # time_field, bucket mean: what the ranking of slow ranks sums
+    wait: Series  # wait_time_s, bucket max
+    device: dict[str, Series]  # DEVICE_METRICS fields, one bucket: the window's mean
+
+
+def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
+    def grid(field: str, agg: str, max_steps: int) -> Series:
+        return client.ranks(run.run_id, field, window.start, window.end, max_steps, agg)
+
+    max_steps = charts.heatmap_steps(rank_count(client, run))
+    time_field = "compute_time_s"
+    busy = grid(time_field, "max", max_steps)
+    if not busy.frame["value"].notna().any():
+        time_field = "step_time_s"
+        busy = grid(time_field, "max", max_steps)
+    return RanksData(
+        time_field=time_field,
+        busy=busy,
+        busy_means=grid(time_field, "mean", max_steps),
+        wait=grid("wait_time_s", "max", max_steps),
+        device={field: grid(field, "mean", max_steps=1) for field, _, _ in DEVICE_METRICS},
+    )
+
+
+def render(data: RanksData, run: RunSummary) -> None:
+    if data.busy.frame.empty:
+        st.info("No per-rank statistics for this run in this window.")
+        return
+    time_name = "compute time" if data.time_field == "compute_time_s" else "step time"
+    if data.time_field == "step_time_s":
+        st.warning(
+            "This run did not report compute and waiting time per rank; showing step time, "
+            "which synchronisation evens out across ranks, so a straggler shows less."
+        )
+    st.caption(
+        f"Max over each bucket of {data.busy.bucket_steps} step(s); colours span the 1st to "
+        "99th percentile, so one slow start-up step does not wash out the rest."
+    )
+    busy, wait = data.busy, data.wait
+    # One x range for both heatmaps, so that a column means the same steps in each.
+    steps = (int(busy.frame["step"].min()), int(busy.frame["step"].max()) + busy.bucket_steps)
+    left, right = st.columns(2)
+    with left:
+        st.subheader(f"{time_name.capitalize()} per rank")
+        st.altair_chart(
+            charts.rank_heatmap(busy.frame, busy.bucket_steps, f"{time_name} (s)", steps)
+        )
+    with right:
+        st.subheader("Waiting time per rank")
+        if wait.frame["value"].notna().any():
+            st.altair_chart(
+                charts.rank_heatmap(wait.frame, wait.bucket_steps, "waiting (s)", steps)
+            )
+        else:
+            st.info("This run did not report the time each rank waits at synchronisation.")
+    slowest_ranks(data.busy_means, time_name)
+    device_charts(data.device, run)
+    st.subheader("Collective bandwidth")
+    st.info(
+        "Not measured yet: the telemetry has no collective traffic fields, "
+        "so there is no bandwidth to show."
+    )
+
+
+def slowest_ranks(means: Series, time_name: str) -> None:
+    st.subheader("Slowest ranks")
+    costs = derive.rank_costs(means.frame.dropna(subset=["value"]), means.bucket_steps)
+    st.caption(
+        f"Ranked by the time each spent beyond the median rank's {time_name}, summed over "
+        "the window: a synchronous step waits for its slowest rank, so that is what the "
+        "rank cost the job were it the only slow one."
+    )
+    st.dataframe(
+        costs.head(SLOWEST_SHOWN),
+        hide_index=True,
+        column_config={
+            "behind_s": st.column_config.NumberColumn("cost to the job (s)", format="%.3f"),
+            "mean_s": st.column_config.NumberColumn(f"mean {time_name} (s)", format="%.4f"),
+        },
+    )
+
+
+def device_charts(device: dict[str, Series], run: RunSummary) -> None:
+    st.subheader("Power and clocks per rank")
+    columns = st.columns(len(DEVICE_METRICS))
+    for column, (field, what, axis_title) in zip(columns, DEVICE_METRICS, strict=True):
+        frame = device[field].frame
+        if frame["value"].notna().any():
+            title = f"{what[0].upper()}{what[1:]} per rank"
+            column.altair_chart(charts.rank_mean_bar(frame, axis_title, title=title))
+        elif field == "power_w":
+            column.info(no_power_message(run))
+        else:
+            column.info(f"This run did not report the {what} of its devices.")

@@ -1,0 +1,140 @@
+"""The dashboard in a real browser: Debian's chromium, driven by Playwright, on 127.0.0.1.
+
+Streamlit renders Vega-Lite charts as SVG, so a test can count the marks a chart drew:
+points on a line, cells of a heatmap. Screenshots go to artifacts/dashboard/ (ignored by
+git) for a person, or CI, to look at.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, free_port, wait_until
+from tests.dashboard.canned import canned_run
+from trainvitals.dashboard.launch import dashboard_command
+
+CHROMIUM = Path("/usr/bin/chromium")
+# No sandbox: CI runs as root in a container. The rest keeps chromium off the network.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
+ARTIFACTS = REPO / "artifacts" / "dashboard"
+STARTUP_TIMEOUT_S = 90
+# Longest wait for the page to show something: a refresh is 2 s, a busy CI box is slower.
+RENDER_TIMEOUT_MS = 30_000
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason=f"needs Debian's chromium at {CHROMIUM} (.ci/run installs it)"
+)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@contextmanager
+def dashboard(collector_url: str) -> Iterator[str]:
+    """`trainvitals dashboard`'s streamlit on a free port of 127.0.0.1; yields its URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        dashboard_command(collector_url, port=port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, "streamlit exited"
+        try:
+            return httpx.get(f"{url}/_stcore/health", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(healthy, timeout_s=STARTUP_TIMEOUT_S)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def chart(page, title: str):
+    """The chart whose SVG holds `title`; waits until it is on the page."""
+    found = page.get_by_test_id("stVegaLiteChart").filter(has_text=title)
+    found.first.wait_for(timeout=RENDER_TIMEOUT_MS)
+    return found.first
+
+
+def line_points(chart_locator) -> int:
+    """Points of the chart's (first) line: one M and one L per point in the path."""
+    path = chart_locator.locator("g.mark-line path").first.get_attribute("d")
+    return path.count("L") + 1
+
+
+def test_a_real_run_shows_mfu_power_and_the_layer_heatmap(browser, collector_with_run) -> None:
+    run = httpx.get(f"{collector_with_run}/api/v1/runs").json()[0]
+    steps = run["last_step"] + 1
+    power = httpx.get(f"{collector_with_run}/api/v1/runs/{run['run_id']}/steps").json()
+    has_power = any(power["columns"]["power_w"])
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with dashboard(collector_with_run) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.goto(url)
+        assert line_points(chart(page, "Model FLOPs utilization")) == steps
+        if has_power:
+            assert line_points(chart(page, "Power, all devices")) == steps
+        else:  # this host has no power source: the panel says so, naming what it tried
+            alert = page.get_by_test_id("stAlert").filter(has_text="power")
+            alert.first.wait_for(timeout=RENDER_TIMEOUT_MS)
+        page.screenshot(path=ARTIFACTS / "overview.png", full_page=True)
+
+        page.get_by_role("radio", name="Layers").click()
+        heatmap = chart(page, "gradient L2 norm")
+        cells = heatmap.locator("g.mark-rect.role-mark path")  # not the legend's gradient
+        wait_until(lambda: cells.count() == steps * len(run["layer_names"]), timeout_s=30)
+        page.screenshot(path=ARTIFACTS / "layers.png", full_page=True)
+    assert (ARTIFACTS / "layers.png").stat().st_size > 10_000
+
+
+def test_a_live_run_refreshes_without_a_reload_and_keeps_view_and_window(
+    browser, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=5)
+    with dashboard(canned_collector.url) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 1200})
+        page.goto(url)
+        page.get_by_role("radio", name="Health").click()
+        page.get_by_text("No alerts for this run.").wait_for(timeout=RENDER_TIMEOUT_MS)
+        first_thumb = page.get_by_role("slider").first
+        first_thumb.focus()
+        first_thumb.press("ArrowRight")
+        first_thumb.press("ArrowRight")
+        page.get_by_text("Steps 2 to the latest (4).").wait_for(timeout=RENDER_TIMEOUT_MS)
+        page.evaluate("window.notReloaded = true")
+
+        # The run grows by three steps and raises an alert; nothing in the page is touched.
+        spike = {"step": 6, "kind": "loss_spike", "severity": "warning", "rank": None}
+        spike |= {"layer": None, "message": "loss spike", "value": 9.0, "baseline": 3.0}
+        canned_run(canned_collector, n_steps=8, alerts=[spike | {"time_unix_s": 1006.0}])
+        # The new step and alert show in the same view, over the same window (from step 2).
+        page.get_by_text("Steps 2 to the latest (7).").wait_for(timeout=RENDER_TIMEOUT_MS)
+        chart(page, "loss_spike")  # on the alert timeline
+        assert page.evaluate("window.notReloaded") is True
+        assert page.get_by_role("radio", name="Health", checked=True).count() == 1
