@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -52,7 +53,7 @@ class Store:
         self.path = path
         self.read_only = read_only
         try:
-            self._con = duckdb.connect(path, read_only=read_only)
+            self._con = _open_read_only(path) if read_only else duckdb.connect(path)
         except duckdb.Error as e:
             raise StoreError(f"cannot open store {path!r}: {e}") from e
         if not read_only:
@@ -190,6 +191,35 @@ class Store:
             return cur.sql(sql, params=params or None).to_arrow_table()
         finally:
             cur.close()
+
+
+def _open_read_only(path: str) -> duckdb.DuckDBPyConnection:
+    """An in-memory database with one view per table over the store, attached read-only.
+
+    A store written by an older version lacks newer columns (or tables), and a read-only
+    file cannot gain them: the views fill them with NULL, so every query of this version
+    runs on it. Views live in the in-memory database, so every cursor sees them.
+    """
+    if not Path(path).is_file():
+        raise duckdb.IOException(f"no such file: {path}")
+    con = duckdb.connect()
+    quoted = path.replace("'", "''")
+    con.execute(f"ATTACH '{quoted}' AS stored (READ_ONLY)")
+    for table in STORE_TABLES.values():
+        have = {
+            r[0]
+            for r in con.execute(
+                "SELECT column_name FROM duckdb_columns() "
+                "WHERE database_name = 'stored' AND table_name = ?",
+                [table.name],
+            ).fetchall()
+        }
+        cols = ["run_id" if "run_id" in have else "NULL::VARCHAR AS run_id"]
+        for f in table.fields:
+            cols.append(f.name if f.name in have else f"NULL::{DTYPES[f.dtype][0]} AS {f.name}")
+        source = f"stored.main.{table.name}" if have else "(SELECT 1) WHERE false"
+        con.execute(f"CREATE VIEW {table.name} AS SELECT {', '.join(cols)} FROM {source}")
+    return con
 
 
 def _alerts_table(alerts: list[Alert]) -> pa.Table:

@@ -384,13 +384,13 @@ class Monitor:
         """Logged steps dropped on a full queue plus batches the exporter could not keep."""
         return self.dropped_steps + getattr(self.exporter, "dropped_batches", 0)
 
-    def event(self, kind: str, step: int, rank: int = -1, **detail: Any) -> None:
+    def event(self, kind: str, step: int, rank: int = -1, detail: dict | None = None) -> None:
         """Record an event (an injected fault, a restart, a checkpoint). Never blocks."""
         row = {
             "step": step,
             "rank": rank,
             "kind": kind,
-            "detail": json.dumps(detail),
+            "detail": json.dumps(detail or {}),
             "time_unix_s": time.time(),
         }
         try:
@@ -404,7 +404,9 @@ class Monitor:
         for h in self._handles:
             h.remove()
         if self.rank == 0:  # a clean end: alerting tells a finished run from a stalled one
-            self.event("run_end", self.step_count, telemetry_dropped=self.telemetry_dropped)
+            self.event(
+                "run_end", self.step_count, detail={"telemetry_dropped": self.telemetry_dropped}
+            )
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
@@ -423,7 +425,7 @@ class NullMonitor:
     def step(self, loss: torch.Tensor, tokens: int, lr: float | None = None) -> None:
         pass
 
-    def event(self, kind: str, step: int, rank: int = -1, **detail: Any) -> None:
+    def event(self, kind: str, step: int, rank: int = -1, detail: dict | None = None) -> None:
         pass
 
     def close(self, timeout_s: float = 30.0) -> None:

@@ -110,7 +110,7 @@ class FaultInjector:
             for f in self.faults:
                 if f.step == step:
                     detail = {k: v for k, v in f.params.items() if k not in ("rank", "step")}
-                    monitor.event(f"fault:{f.kind}", step, f.rank, **detail)
+                    monitor.event(f"fault:{f.kind}", step, f.rank, detail)
 
     def arm_sdc(self, model: nn.Module, monitor, step: int) -> None:
         """From its step on, this rank computes wrong values in one op and in its canary."""

@@ -89,3 +89,25 @@ def test_events_are_served_in_step_order(client) -> None:
     counts(client)
     events = client.get("/api/v1/runs/r1/events").json()
     assert [(e["step"], e["kind"]) for e in events] == [(1, "checkpoint"), (2, "fault:straggler")]
+
+
+def test_replay_mode_serves_an_older_store_and_refuses_ingest(tmp_path) -> None:
+    import duckdb
+    from fastapi.testclient import TestClient
+
+    from trainvitals.collector.main import create_app
+    from trainvitals.collector.settings import Settings
+
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))  # a store from before later fields and the events table
+    con.execute("CREATE TABLE steps (run_id VARCHAR, step BIGINT, time_unix_s DOUBLE, loss DOUBLE)")
+    con.execute("INSERT INTO steps VALUES ('old', 0, 1.0, 3.0), ('old', 1, 2.0, 2.9)")
+    con.close()
+    with TestClient(create_app(Settings(store_path=str(path), replay=True))) as client:
+        (run,) = client.get("/api/v1/runs").json()
+        assert run["run_id"] == "old" and run["last_step"] == 1 and run["power_source"] is None
+        cols = client.get("/api/v1/runs/old/steps").json()["columns"]
+        assert cols["loss"] == [3.0, 2.9] and cols["mfu_ratio"] == [None, None]
+        assert client.get("/api/v1/runs/old/events").json() == []
+        r = client.post("/api/v1/ingest", content=make_batch().to_json())
+        assert r.status_code == 409 and "replay" in r.json()["detail"]

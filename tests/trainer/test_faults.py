@@ -66,3 +66,26 @@ def test_cli_rejects_a_bad_spec_before_starting() -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 2 and "missing" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
+    class Recorder:
+        canary = None
+
+        def __init__(self) -> None:
+            self.events: list[tuple] = []
+
+        def event(self, kind, step, rank=-1, detail=None) -> None:
+            self.events.append((kind, step, rank, detail))
+
+    specs = ["spike:step=3,kind=lr", "straggler:rank=1,step=3,slowdown=0.2", "nan:step=5"]
+    monitor = Recorder()
+    for rank in (0, 1):  # only rank 0 writes ground truth
+        inj = FaultInjector(specs, rank=rank, world_size=2)
+        for step in range(8):
+            inj.record(monitor, step)
+    assert monitor.events == [
+        ("fault:spike", 3, -1, {"kind": "lr"}),
+        ("fault:straggler", 3, 1, {"slowdown": 0.2}),
+        ("fault:nan", 5, -1, {}),
+    ]
