@@ -63,6 +63,7 @@ class MonitorConfig:
     flops_per_token: float | None = None  # None: 6 x non-embedding params (no attention term)
     peak_flops_per_s: float | None = None  # None: from the device table or measured on CPU
     peak_precision: str = "bf16"  # which column of the peak table: "bf16" or "fp8"
+    token_target: int | None = None  # tokens the run means to train on (for time-to-target)
     model_name: str = ""
     model_config: dict[str, Any] = field(default_factory=dict)
     # Mesh dims along which a block's plain-tensor output is identical (see layers.py).
@@ -226,6 +227,7 @@ class Monitor:
             "peak_flops_source": source,
             "power_source": self.power.source,
             "power_unavailable": self.power.unavailable,
+            "token_target": self.cfg.token_target,
         }
 
     # ------------------------------------------------------------------ hot path (no sync)

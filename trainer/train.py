@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             ),
             peak_flops_per_s=cfg.peak_flops_per_s or None,
             canary_every=cfg.canary_every,
+            token_target=cfg.steps * cfg.global_batch * seq_len,
         )
     )
     if rank == 0:

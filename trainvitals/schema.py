@@ -137,7 +137,7 @@ STEPS = Table(
         Field(
             "nonfinite_count",
             "int64",
-            "non-finite gradient values since the last logged step",
+            "non-finite gradient values since the last logged step (not produced yet)",
             required=False,
         ),
         Field(
@@ -161,28 +161,28 @@ LAYERS = Table(
         Field(
             "act_max_abs",
             "float64",
-            "largest |activation| of the layer output",
+            "largest |activation| of the layer output (not produced yet)",
             required=False,
             finite=False,
         ),
         Field(
             "param_norm",
             "float64",
-            "L2 norm of the layer's parameters",
+            "L2 norm of the layer's parameters (not produced yet)",
             required=False,
             finite=False,
         ),
         Field(
             "update_rms",
             "float64",
-            "RMS of the optimizer's change to the parameters",
+            "RMS of the optimizer's change to the parameters (not produced yet)",
             required=False,
             finite=False,
         ),
         Field(
             "nonfinite_count",
             "int64",
-            "non-finite gradient values since the last logged step",
+            "non-finite gradient values since the last logged step (not produced yet)",
             required=False,
         ),
     ),
@@ -201,12 +201,17 @@ RANKS = Table(
         Field(
             "grad_norm_local",
             "float64",
-            "this rank's gradient norm before reduction",
+            "this rank's gradient norm before reduction (not produced yet)",
             required=False,
             finite=False,
         ),
         Field("compute_time_s", "float64", "forward + backward + optimizer time", required=False),
-        Field("data_time_s", "float64", "time waiting for the next batch", required=False),
+        Field(
+            "data_time_s",
+            "float64",
+            "time waiting for the next batch (not produced yet)",
+            required=False,
+        ),
         Field(
             "wait_time_s",
             "float64",
