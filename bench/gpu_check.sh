@@ -23,6 +23,7 @@ echo "== hooks on CUDA: no host sync, records match torch"
 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -m gpu \
     "$repo/tests/hooks/test_gpu.py" 2>&1 | tee "$out/gpu_tests.txt"
 
+if [ "${SKIP_TRAINER:-0}" != 1 ]; then
 echo "== reference trainer on NCCL (torchrun, 1 rank), preset 125m"
 python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m trainvitals.trainer.train \
     --device cuda --preset 125m --steps 60 --global-batch 16 --telemetry-file "$out/nccl_run.jsonl" \
@@ -47,7 +48,9 @@ prints = {x['canary_fingerprint'] for x in ranks if x['canary_fingerprint'] is n
 print(f"canary fingerprints seen: {len(prints)} distinct over the run (1 expected on one healthy GPU)")
 PY
 
+fi
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
 echo "== hook overhead on GPU"
 python3 "$repo/bench/hook_overhead.py" --preset 125m --batch 16 --blocks 10 2>&1 | tail -3 | tee "$out/overhead_125m.txt"
 python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 2>&1 | tail -3 | tee "$out/overhead_1b.txt"
+python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 --log-every 10 2>&1 | tail -3 | tee "$out/overhead_1b_every10.txt"

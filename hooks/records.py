@@ -2,7 +2,8 @@
 
 Every rank fills the same float64 vector; a SUM all-reduce then yields global values:
 
-    [grad_sumsq x L | act_sumsq x L | act_count x L | loss*tokens | tokens | rank slots x W*S]
+    [grad_sumsq | act_sumsq | act_count | param_sumsq | update_sumsq  (L each)
+     | loss*tokens | tokens | rank slots x W*S]
 
 Sums of squares and counts are already weighted by 1/copies (see layers.py), so the sum
 over ranks counts every element once. Each rank writes only its own rank slot (the S
@@ -37,31 +38,39 @@ RANK_SLOT = (
 _SLOT = {name: i for i, name in enumerate(RANK_SLOT)}
 
 
+_PER_LAYER = ("grad_sumsq", "act_sumsq", "act_count", "param_sumsq", "update_sumsq")
+
+
 @dataclass(frozen=True)
 class VectorLayout:
     n_layers: int
     world_size: int
+    layer_numel: tuple[int, ...] = ()  # global parameter count of each layer
 
     @property
     def size(self) -> int:
-        return 3 * self.n_layers + 2 + len(RANK_SLOT) * self.world_size
+        return len(_PER_LAYER) * self.n_layers + 2 + len(RANK_SLOT) * self.world_size
+
+    def per_layer(self, v: np.ndarray, name: str) -> np.ndarray:
+        i = _PER_LAYER.index(name)
+        return v[i * self.n_layers : (i + 1) * self.n_layers]
 
     def grad_sumsq(self, v: np.ndarray) -> np.ndarray:
-        return v[: self.n_layers]
+        return self.per_layer(v, "grad_sumsq")
 
     def act_sumsq(self, v: np.ndarray) -> np.ndarray:
-        return v[self.n_layers : 2 * self.n_layers]
+        return self.per_layer(v, "act_sumsq")
 
     def act_count(self, v: np.ndarray) -> np.ndarray:
-        return v[2 * self.n_layers : 3 * self.n_layers]
+        return self.per_layer(v, "act_count")
 
     def loss_and_tokens(self, v: np.ndarray) -> tuple[float, float]:
-        base = 3 * self.n_layers
+        base = len(_PER_LAYER) * self.n_layers
         return float(v[base]), float(v[base + 1])
 
     def rank_slots(self, v: np.ndarray) -> np.ndarray:
         """(world_size, len(RANK_SLOT)) array, columns named by RANK_SLOT."""
-        return v[3 * self.n_layers + 2 :].reshape(self.world_size, len(RANK_SLOT))
+        return v[len(_PER_LAYER) * self.n_layers + 2 :].reshape(self.world_size, len(RANK_SLOT))
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,8 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
         telemetry_dropped=meta.telemetry_dropped,
     )
     act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
+    param_norm = np.sqrt(layout.per_layer(v, "param_sumsq"))
+    update_rms = np.sqrt(layout.per_layer(v, "update_sumsq") / np.array(layout.layer_numel))
     for layer in range(layout.n_layers):
         builder.append(
             "layers",
@@ -119,6 +130,10 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
             layer=layer,
             grad_norm=math.sqrt(grad_sumsq[layer]),
             act_rms=float(act_rms[layer]),
+            param_norm=float(param_norm[layer]),
+            # The change made by the optimizer step just before this step; None on a
+            # run's first logged step, which no optimizer step precedes.
+            update_rms=_finite_or_none(float(update_rms[layer])),
         )
     # The release of the step's synchronisation point is the last rank's arrival: every
     # other rank waits that long for it (clocks of different hosts agree to NTP accuracy).

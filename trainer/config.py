@@ -29,7 +29,7 @@ class TrainConfig:
     collector: str = ""  # collector base URL; empty: no HTTP export
     telemetry_file: str = ""  # also append every telemetry batch to this JSON-lines file
     run_id: str = ""
-    log_every: int = 1
+    log_every: int = 1  # the small reference runs log every step; the hooks default to 10
     peak_flops_per_s: float = 0.0  # 0: from the device table or measured
     canary_every: int = 50  # logged steps between SDC canary fingerprints; 0: off
     hooks: str = "on"  # "off" trains without trainvitals (to measure what the hooks cost)

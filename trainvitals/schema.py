@@ -168,14 +168,14 @@ LAYERS = Table(
         Field(
             "param_norm",
             "float64",
-            "L2 norm of the layer's parameters (not produced yet)",
+            "L2 norm of the layer's parameters",
             required=False,
             finite=False,
         ),
         Field(
             "update_rms",
             "float64",
-            "RMS of the optimizer's change to the parameters (not produced yet)",
+            "RMS of the change the previous optimizer step made to the layer",
             required=False,
             finite=False,
         ),

@@ -22,7 +22,11 @@ def _telemetry(path: Path) -> tuple[dict, dict]:
                 steps[step] = {"loss": s["loss"][i], "grad_norm": s["grad_norm"][i]}
         if t := batch.get("layers"):
             for i, (step, layer) in enumerate(zip(t["step"], t["layer"], strict=True)):
-                layers[step, layer] = {"grad_norm": t["grad_norm"][i], "act_rms": t["act_rms"][i]}
+                layers[step, layer] = {
+                    name: t[name][i]
+                    for name in ("grad_norm", "act_rms", "param_norm", "update_rms")
+                    if t[name][i] is not None  # no update before the first optimizer step
+                }
     return steps, layers
 
 
@@ -47,6 +51,7 @@ def test_sharded_run_matches_single_process(tmp_path: Path) -> None:
     ref_steps, ref_layers = _telemetry(tmp_path / "one.jsonl")
     steps, layers = _telemetry(tmp_path / "four.jsonl")
     assert len(ref_steps) == STEPS and len(ref_layers) == STEPS * 5
+    assert all("update_rms" in v for (step, _), v in ref_layers.items() if step > 0)
     _assert_close(steps, ref_steps, "step")
     _assert_close(layers, ref_layers, "layer")
     # The statistics move as training proceeds: equal values are not constants.

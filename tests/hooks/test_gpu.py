@@ -29,7 +29,7 @@ def _step(model, monitor) -> torch.Tensor:
 
 
 def test_logged_steps_never_sync_with_the_host(model) -> None:
-    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e15)
+    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e15, log_every=1)
     _step(model, monitor)  # first step: one-time set-up (index tensors, pinned buffers)
     model.zero_grad()
     torch.cuda.set_sync_debug_mode("error")  # any synchronising CUDA call now raises
@@ -44,7 +44,7 @@ def test_logged_steps_never_sync_with_the_host(model) -> None:
 
 def test_records_on_cuda_match_torch(model) -> None:
     out = InMemoryExporter()
-    monitor = attach(model, exporter=out, peak_flops_per_s=1e15)
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e15, log_every=1)
     loss = _step(model, monitor)
     expected = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item()  # sync: test only
     monitor.close()

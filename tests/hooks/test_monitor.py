@@ -49,7 +49,7 @@ def test_records_for_every_logged_step_and_layer(model) -> None:
 
 def test_global_grad_norm_equals_torch_clip_norm(model) -> None:
     out = InMemoryExporter()
-    monitor = attach(model, exporter=out, peak_flops_per_s=1e12)
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
     x = torch.randint(0, 256, (2, 16))
     F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
     monitor.step(loss=torch.tensor(1.0), tokens=32)
@@ -60,7 +60,7 @@ def test_global_grad_norm_equals_torch_clip_norm(model) -> None:
 
 def test_step_makes_no_host_sync(model, monkeypatch) -> None:
     """During monitor.step on the training thread, no tensor is read back to the host."""
-    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e12)
+    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e12, log_every=1)
     calls: list[str] = []
     training_thread = threading.current_thread()
     for name in SYNCING:
@@ -98,3 +98,17 @@ def test_exporter_failure_never_reaches_training(model) -> None:
     monitor = attach(model, exporter=Broken(), peak_flops_per_s=1e12)
     _train(monitor, model, 2)
     monitor.close()
+
+
+def test_param_norm_and_update_rms_match_plain_sgd(model) -> None:
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    embedding_norm = model.tok_embeddings.weight.norm().item()
+    _train(monitor, model, 2)  # SGD, lr 0.1: the update is exactly -0.1 x gradient
+    monitor.close()
+    rows = {(r["step"], r["layer"]): r for r in out.rows("layers")}
+    assert rows[0, 0]["param_norm"] == pytest.approx(embedding_norm, rel=1e-6)
+    assert rows[0, 0]["update_rms"] is None  # no optimizer step before the first step
+    numel = model.tok_embeddings.weight.numel()
+    expected = 0.1 * rows[0, 0]["grad_norm"] / numel**0.5
+    assert rows[1, 0]["update_rms"] == pytest.approx(expected, rel=1e-5)
