@@ -54,10 +54,14 @@ def find_layers(model: nn.Module) -> LayerMap:
     return LayerMap(names, modules, [layer_of[id(p)] for p in model.parameters()])
 
 
-def replication_weight(t: torch.Tensor) -> float:
-    """1 / (number of ranks holding an identical copy of this tensor's local shard)."""
+def replication_weight(t: torch.Tensor, plain_copies: int = 1) -> float:
+    """1 / (number of ranks holding an identical copy of this tensor's local shard).
+
+    A plain tensor has `plain_copies` copies: for parameters that is the world size (DDP
+    replicates them on every rank); for activations, 1 unless told otherwise.
+    """
     if not isinstance(t, DTensor):
-        return 1.0
+        return 1.0 / plain_copies
     copies = 1
     for dim, placement in enumerate(t.placements):
         if placement.is_replicate():

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.parallel import DistributedDataParallel
 
 from trainvitals.schema import BatchBuilder
 
@@ -123,6 +124,8 @@ def attach(
     Telemetry goes to `exporter`, else to the collector at `collector_url`, else nowhere.
     Keyword arguments are MonitorConfig fields. Collective: every rank must call it.
     """
+    if isinstance(model, DistributedDataParallel):
+        model = model.module  # its layers are the inner model's
     if exporter is None and collector_url:
         rank = dist.get_rank() if dist.is_initialized() else 0
         exporter = HttpExporter(collector_url, spool_dir=default_spool_dir(rank))
@@ -137,7 +140,9 @@ class Monitor:
         self.cfg = cfg
         self.exporter = exporter
         self.mesh = mesh
-        self.distributed = mesh is not None and dist.is_initialized()
+        # Without a mesh under torch.distributed (plain DDP): data parallel over every rank,
+        # plain parameters replicated on each, activations each rank's own.
+        self.distributed = dist.is_initialized() and dist.get_world_size() > 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
         # A group of our own: our all-reduce never queues behind (or blocks) FSDP's.
@@ -151,7 +156,9 @@ class Monitor:
             layer_numel[layer] += p.numel()  # a DTensor's numel is its global size
         self.layout = VectorLayout(len(self.layers.names), self.world_size, tuple(layer_numel))
         self._param_weight = torch.tensor(
-            [replication_weight(p) for p in self.params], dtype=torch.float64, device=self.device
+            [replication_weight(p, self.world_size) for p in self.params],
+            dtype=torch.float64,
+            device=self.device,
         )
         self._param_layer = torch.tensor(self.layers.param_layer, device=self.device)
         self._plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
