@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
-from trainvitals.schema import SchemaError, decode_json, to_arrow
+from trainvitals.schema import SchemaError, decode_json, decode_msgpack, to_arrow
 
 from .deps import get_settings, get_store
 from .settings import Settings
@@ -23,6 +23,12 @@ from .store import QueueFull, Store, StoreError
 router = APIRouter(tags=["ingest"])
 
 COMMIT_TIMEOUT_S = 30.0
+# Content type -> body decoder; both give the same batch document.
+DECODERS = {
+    "application/json": decode_json,
+    "application/msgpack": decode_msgpack,
+    "application/x-msgpack": decode_msgpack,
+}
 
 
 def _check_token(settings: Settings, authorization: str | None) -> None:
@@ -64,10 +70,6 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     return out
 
 
-def _parse(body: bytes) -> tuple[str, dict[str, Any]]:
-    return to_arrow(decode_json(body))
-
-
 @router.post("/api/v1/ingest", status_code=202)
 async def ingest(
     request: Request,
@@ -75,16 +77,20 @@ async def ingest(
     store: Annotated[Store, Depends(get_store)],
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
-    """Store one schema batch (JSON, optionally gzip). 202 once it is committed."""
+    """Store one schema batch (JSON or msgpack, optionally gzip). 202 once it is committed."""
     _check_token(settings, authorization)
     if store.read_only:
         raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-    if ctype != "application/json":
-        raise HTTPException(415, f"content-type {ctype!r} is not supported; send application/json")
+    decode = DECODERS.get(ctype)
+    if decode is None:
+        raise HTTPException(
+            415, f"content-type {ctype!r} is not supported; send one of {sorted(DECODERS)}"
+        )
     body = await _read_body(request, settings.max_body_bytes)
     try:
-        run_id, tables = await run_in_threadpool(_parse, body)  # CPU-bound: off the event loop
+        # CPU-bound: off the event loop.
+        run_id, tables = await run_in_threadpool(lambda: to_arrow(decode(body)))
     except SchemaError as e:
         raise HTTPException(422, str(e)) from e
     try:

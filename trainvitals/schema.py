@@ -305,6 +305,11 @@ class BatchBuilder:
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict())
 
+    def to_msgpack(self) -> bytes:
+        import msgpack
+
+        return msgpack.packb(self.to_dict())
+
 
 # ---------------------------------------------------------------------------- consumer side
 
@@ -326,6 +331,16 @@ def decode_json(body: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError as e:
         raise SchemaError(f"body is not valid JSON: {e}") from e
     return doc
+
+
+def decode_msgpack(body: bytes) -> dict[str, Any]:
+    """Parse a msgpack batch body (the same document as JSON; NaN and inf are native floats)."""
+    import msgpack
+
+    try:
+        return msgpack.unpackb(body, raw=False)
+    except (msgpack.UnpackException, ValueError, TypeError) as e:
+        raise SchemaError(f"body is not valid msgpack: {e}") from e
 
 
 def to_arrow(doc: Any) -> tuple[str, dict[str, Any]]:

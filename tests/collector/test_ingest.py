@@ -95,3 +95,23 @@ def test_rejections_are_counted_in_metrics(client) -> None:
     client.post(URL, content=b"{")
     text = client.get("/metrics").text
     assert "trainvitals_collector_rejected_batches_total 1.0" in text
+
+
+def test_msgpack_body_with_native_nan(client) -> None:
+    import math
+
+    import msgpack
+
+    doc = make_batch().to_dict()
+    doc["steps"]["loss"][1] = math.nan  # msgpack carries NaN as a float
+    r = client.post(
+        URL, content=msgpack.packb(doc), headers={"content-type": "application/msgpack"}
+    )
+    assert r.status_code == 202, r.text
+    assert counts(client) == {"steps": 3, "layers": 6, "ranks": 6}
+
+
+def test_malformed_msgpack_is_refused(client) -> None:
+    r = client.post(URL, content=b"\xc1\xc1", headers={"content-type": "application/msgpack"})
+    assert r.status_code == 422 and "not valid msgpack" in r.json()["detail"]
+    assert counts(client) == {"steps": 0, "layers": 0, "ranks": 0}
