@@ -194,32 +194,45 @@ class Store:
 
 
 def _open_read_only(path: str) -> duckdb.DuckDBPyConnection:
-    """An in-memory database with one view per table over the store, attached read-only.
+    """An in-memory database with one view per table over a DuckDB store (attached
+    read-only) or over a Parquet export (a directory, see collector/export.py).
 
     A store written by an older version lacks newer columns (or tables), and a read-only
-    file cannot gain them: the views fill them with NULL, so every query of this version
+    source cannot gain them: the views fill them with NULL, so every query of this version
     runs on it. Views live in the in-memory database, so every cursor sees them.
     """
-    if not Path(path).is_file():
-        raise duckdb.IOException(f"no such file: {path}")
     con = duckdb.connect()
     quoted = path.replace("'", "''")
-    con.execute(f"ATTACH '{quoted}' AS stored (READ_ONLY)")
+    if Path(path).is_dir():
+        sources = {t: _parquet_source(Path(path), t) for t in STORE_TABLES}
+    elif Path(path).is_file():
+        con.execute(f"ATTACH '{quoted}' AS stored (READ_ONLY)")
+        listed = "SELECT table_name FROM duckdb_tables() WHERE database_name = 'stored'"
+        tables = {r[0] for r in con.execute(listed).fetchall()}
+        sources = {t: f"stored.main.{t}" if t in tables else None for t in STORE_TABLES}
+    else:
+        raise duckdb.IOException(f"no such file or directory: {path}")
     for table in STORE_TABLES.values():
-        have = {
-            r[0]
-            for r in con.execute(
-                "SELECT column_name FROM duckdb_columns() "
-                "WHERE database_name = 'stored' AND table_name = ?",
-                [table.name],
-            ).fetchall()
-        }
+        source = sources[table.name]
+        have = set()
+        if source is not None:
+            have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         cols = ["run_id" if "run_id" in have else "NULL::VARCHAR AS run_id"]
         for f in table.fields:
             cols.append(f.name if f.name in have else f"NULL::{DTYPES[f.dtype][0]} AS {f.name}")
-        source = f"stored.main.{table.name}" if have else "(SELECT 1) WHERE false"
-        con.execute(f"CREATE VIEW {table.name} AS SELECT {', '.join(cols)} FROM {source}")
+        con.execute(
+            f"CREATE VIEW {table.name} AS SELECT {', '.join(cols)} "
+            f"FROM {source or '(SELECT 1)'}" + ("" if source else " WHERE false")
+        )
     return con
+
+
+def _parquet_source(root: Path, table: str) -> str | None:
+    """read_parquet over a table's hive partitions (run_id=...), or None if it has none."""
+    if not any((root / table).glob("*/*.parquet")):
+        return None
+    pattern = str(root / table / "*" / "*.parquet").replace("'", "''")
+    return f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
 
 
 def _alerts_table(alerts: list[Alert]) -> pa.Table:

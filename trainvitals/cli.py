@@ -112,6 +112,18 @@ def _analyze(args: argparse.Namespace, _rest: list[str]) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace, _rest: list[str]) -> int:
+    from trainvitals.collector.export import export_store
+    from trainvitals.collector.store import StoreError
+
+    try:
+        written = export_store(args.store, args.out, args.run or None)
+    except StoreError as e:
+        return f"error: {e}"
+    print(", ".join(f"{n} {t}" for t, n in written.items()) + f" rows written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainvitals", description="Health monitoring for distributed training runs."
@@ -200,6 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-column", default="", help="name of the step column, if not guessed")
     p.add_argument("--loss-column", default="", help="name of the loss column, if not guessed")
     p.set_defaults(func=_analyze)
+
+    p = sub.add_parser(
+        "export",
+        help="write a stopped store's runs as hive-partitioned Parquet",
+        description="Export a DuckDB store (stop its collector first) to zstd Parquet, one "
+        "folder per table, partitioned by run_id. `collector --replay OUT` serves it.",
+    )
+    p.add_argument("store", help="DuckDB file of a stopped collector")
+    p.add_argument("out", help="new folder for the export")
+    p.add_argument("--run", default="", help="only this run (default: every run)")
+    p.set_defaults(func=_export)
 
     p = sub.add_parser(
         "plan",

@@ -111,3 +111,29 @@ def test_replay_mode_serves_an_older_store_and_refuses_ingest(tmp_path) -> None:
         assert client.get("/api/v1/runs/old/events").json() == []
         r = client.post("/api/v1/ingest", content=make_batch().to_json())
         assert r.status_code == 409 and "replay" in r.json()["detail"]
+
+
+def test_parquet_export_is_served_in_replay_mode(settings, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    from trainvitals.collector.main import create_app
+    from trainvitals.collector.settings import Settings
+
+    with TestClient(create_app(settings)) as live:  # stopped on leaving: it owns the file
+        _fill(live, steps=range(50))
+        _fill(live, run_id="r2", steps=range(5))
+        live_steps = live.get("/api/v1/runs/r1/steps").json()
+    out = tmp_path / "export"
+    argv = [sys.executable, "-m", "trainvitals", "export", settings.store_path, str(out)]
+    r = subprocess.run([*argv, "--run", "r1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "50 steps" in r.stdout and "100 ranks" in r.stdout
+    assert [p.name for p in (out / "steps").iterdir()] == ["run_id=r1"]
+    again = subprocess.run([*argv, "--run", "r1"], capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "already holds an export" in again.stderr
+    with TestClient(create_app(Settings(store_path=str(out), replay=True))) as replay:
+        assert [run["run_id"] for run in replay.get("/api/v1/runs").json()] == ["r1"]
+        assert replay.get("/api/v1/runs/r1/steps").json() == live_steps
