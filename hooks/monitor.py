@@ -398,10 +398,12 @@ class Monitor:
             if isinstance(item, _Event):
                 builder.append("events", **item.row)
             elif item is not None:
-                item.wait()  # the background thread, not training, waits for the device
+                # sync point: on this export thread only; training never waits for it.
+                item.wait()
                 if self.rank == 0:
                     meta = replace(item.meta, telemetry_dropped=self.telemetry_dropped)
-                    append_step(builder, self.layout, item.values.numpy(), meta)
+                    values = item.values.numpy()  # sync point: host memory, after wait()
+                    append_step(builder, self.layout, values, meta)
             if len(builder) and time.monotonic() - last_flush >= self.cfg.export_interval_s:
                 self._export(builder)
                 builder, last_flush = BatchBuilder(self.run_id), time.monotonic()
