@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.store_path,
             read_only=settings.replay,
             queue_max_batches=settings.queue_max_batches,
+            retention_days=settings.retention_days,
         )
         store.start()
         app.state.settings = settings

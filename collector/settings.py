@@ -17,6 +17,9 @@ class Settings(BaseSettings):
         "", description="if set, ingest requires 'Authorization: Bearer <token>'"
     )
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest accepted ingest body")
+    retention_days: float = Field(
+        0, ge=0, description="drop runs whose last step is older than this; 0 keeps every run"
+    )
     queue_max_batches: int = Field(
         1024, gt=0, description="batches waiting for the writer; beyond: 503"
     )

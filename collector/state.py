@@ -133,6 +133,12 @@ class LiveState:
             )
             return runs, stats
 
+    def forget(self, run_ids: list[str]) -> None:
+        """Runs deleted from the store leave /metrics too."""
+        with self._lock:
+            for run_id in run_ids:
+                self.runs.pop(run_id, None)
+
     def count_request(self, status: int) -> None:
         with self._lock:
             self.stats.requests[status] += 1

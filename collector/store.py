@@ -29,6 +29,9 @@ from .state import LiveState
 log = logging.getLogger(__name__)
 
 
+RETENTION_CHECK_S = 3600.0  # how often an idle writer looks for expired runs
+
+
 class StoreError(RuntimeError):
     """The store cannot be opened or written."""
 
@@ -49,6 +52,7 @@ class Store:
         analyzer: Analyzer | None = None,
         state: LiveState | None = None,
         queue_max_batches: int = 1024,
+        retention_days: float = 0,
     ) -> None:
         self.path = path
         self.read_only = read_only
@@ -61,6 +65,7 @@ class Store:
         self.analyzer = analyzer or Analyzer()
         self.state = state or LiveState()
         self.state.load(self.query)  # /metrics is whole again after a restart
+        self.retention_days = retention_days
         self._queue: queue.Queue = queue.Queue(maxsize=queue_max_batches)
         self._writer: threading.Thread | None = None
 
@@ -109,8 +114,13 @@ class Store:
 
     def _write_loop(self) -> None:
         cur = self._con.cursor()
+        self.drop_expired(cur)
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=RETENTION_CHECK_S)
+            except queue.Empty:
+                self.drop_expired(cur)  # an idle writer is the one that prunes
+                continue
             if item is _STOP:
                 self._queue.task_done()
                 return
@@ -163,6 +173,28 @@ class Store:
         except Exception:
             cur.execute("ROLLBACK")
             raise
+
+    def drop_expired(self, cur: duckdb.DuckDBPyConnection | None = None) -> list[str]:
+        """Delete every row of runs whose last step is older than `retention_days`."""
+        if not self.retention_days or self.read_only:
+            return []
+        cur = cur or self._con.cursor()
+        cutoff = time.time() - self.retention_days * 86_400
+        expired = [r[0] for r in cur.execute(
+            "SELECT run_id FROM (SELECT run_id, max(time_unix_s) AS t FROM steps GROUP BY run_id "
+            "UNION ALL SELECT run_id, started_unix_s FROM runs) GROUP BY run_id HAVING max(t) < ?",
+            [cutoff],
+        ).fetchall()]  # fmt: skip
+        if expired:
+            cur.execute("BEGIN")
+            for table in STORE_TABLES:
+                cur.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [expired])
+            cur.execute("COMMIT")
+            self.state.forget(expired)
+            log.info(
+                "retention: dropped %d runs older than %g days", len(expired), self.retention_days
+            )
+        return expired
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Block until everything submitted so far is written (tests and shutdown)."""

@@ -29,6 +29,7 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
 
     settings = Settings(
         store_path=args.store,
+        retention_days=args.retention_days,
         host=args.host,
         port=args.port,
         replay=args.replay,
@@ -151,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--replay", action="store_true", help="serve a stored run read-only; refuse ingest"
     )
     p.add_argument("--token", default="", help="require this bearer token on ingest")
+    p.add_argument(
+        "--retention-days", type=float, default=0,
+        help="drop runs whose last step is older than this (default 0: keep every run)",
+    )  # fmt: skip
     p.set_defaults(func=_collector)
 
     p = sub.add_parser(

@@ -137,3 +137,28 @@ def test_parquet_export_is_served_in_replay_mode(settings, tmp_path) -> None:
     with TestClient(create_app(Settings(store_path=str(out), replay=True))) as replay:
         assert [run["run_id"] for run in replay.get("/api/v1/runs").json()] == ["r1"]
         assert replay.get("/api/v1/runs/r1/steps").json() == live_steps
+
+
+def test_retention_drops_old_runs_everywhere(tmp_path) -> None:
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from trainvitals.collector.main import create_app
+    from trainvitals.collector.settings import Settings
+    from trainvitals.schema import BatchBuilder
+
+    settings = Settings(store_path=str(tmp_path / "s.duckdb"), retention_days=7)
+    with TestClient(create_app(settings)) as client:
+        _fill(client, run_id="old", steps=range(3))  # logged in 1970
+        fresh = BatchBuilder("fresh")
+        fresh.append("steps", step=0, time_unix_s=time.time(), loss=2.0, grad_norm=1.0,
+                     tokens=1, step_time_s=1.0, tokens_per_s=1.0, tflops_per_s_per_device=0.1,
+                     mfu_ratio=0.1)  # fmt: skip
+        assert client.post("/api/v1/ingest", content=fresh.to_json()).status_code == 202
+        store = client.app.state.store
+        assert store.drop_expired() == ["old"]
+        assert [r["run_id"] for r in client.get("/api/v1/runs").json()] == ["fresh"]
+        assert counts(client, "old") == {"steps": 0, "layers": 0, "ranks": 0}
+        assert 'run_id="old"' not in client.get("/metrics").text
+        assert store.drop_expired() == []
