@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+from trainvitals.demo import wait_healthy
 
 DOCS = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"
@@ -32,18 +32,6 @@ def serve(args: argparse.Namespace, port: int) -> subprocess.Popen:
     source = ["--store", str(args.store)] if args.store else ["--collector", args.collector]
     argv = [sys.executable, "-m", "trainvitals", "dashboard", *source, "--port", str(port)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def wait_for(url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
 def shoot(url: str, out_dir: Path) -> None:
@@ -79,7 +67,7 @@ def main() -> None:
     proc = serve(args, args.port)
     try:
         url = f"http://127.0.0.1:{args.port}"
-        wait_for(f"{url}/_stcore/health")
+        wait_healthy(f"{url}/_stcore/health", proc, timeout_s=120)
         shoot(url, args.out)
     finally:
         proc.terminate()
