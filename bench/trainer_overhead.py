@@ -15,16 +15,15 @@ import os
 import re
 import statistics
 import subprocess
-import sys
+
+from trainvitals.trainer.launch import torchrun_command
 
 CONFIGS = {"off": ["--hooks", "off"], "every step": ["--log-every", "1"],
            "every 10 steps": ["--log-every", "10"]}  # fmt: skip
 
 
 def steady_ms(extra: list[str], steps: int) -> float:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-            "-m", "trainvitals.trainer.train", "--dp", "2", "--tp", "2", "--steps", str(steps),
-            *extra]  # fmt: skip
+    argv = torchrun_command(4, ["--dp", "2", "--tp", "2", "--steps", str(steps), *extra])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout
     return float(re.search(r"steady step time: ([\d.]+) ms", out).group(1))

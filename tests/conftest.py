@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from trainvitals.trainer.launch import torchrun_command
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -54,16 +56,7 @@ def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
 def run_trainer(args: list[str], nproc: int, timeout_s: float = 300) -> subprocess.CompletedProcess:
     """Run the reference trainer: torchrun for several ranks, a plain process for one."""
     if nproc > 1:
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "-m",
-            "trainvitals.trainer.train",
-            *args,
-        ]
+        argv = torchrun_command(nproc, args)
     else:
         argv = [sys.executable, "-m", "trainvitals.trainer.train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

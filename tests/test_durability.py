@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import duckdb
 import httpx
 
 from tests.conftest import CollectorProcess, wait_until
+from trainvitals.trainer.launch import torchrun_command
 
 STEPS = 150
 
@@ -29,9 +29,8 @@ def test_spool_resends_after_kill_9_and_nothing_is_lost_or_doubled(tmp_path: Pat
     collector = CollectorProcess(store)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAINVITALS_SPOOL_DIR": str(tmp_path / "spool")}
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-         "-m", "trainvitals.trainer.train", "--dp", "2", "--tp", "2", "--steps", str(STEPS),
-         "--run-id", "k9", "--collector", collector.url],
+        torchrun_command(4, ["--dp", "2", "--tp", "2", "--steps", str(STEPS), "--run-id", "k9",
+                             "--collector", collector.url]),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     try:
