@@ -137,7 +137,8 @@ STEPS = Table(
         Field(
             "nonfinite_count",
             "int64",
-            "non-finite gradient values since the last logged step (not produced yet)",
+            "non-finite values seen: gradients of this step, block outputs and losses of "
+            "every step since the previous logged step",
             required=False,
         ),
         Field(
@@ -161,7 +162,8 @@ LAYERS = Table(
         Field(
             "act_max_abs",
             "float64",
-            "largest |activation| of the layer output (not produced yet)",
+            "largest |activation| of the layer output over every step since the previous "
+            "logged step",
             required=False,
             finite=False,
         ),
@@ -182,7 +184,13 @@ LAYERS = Table(
         Field(
             "nonfinite_count",
             "int64",
-            "non-finite gradient values since the last logged step (not produced yet)",
+            "non-finite gradient values of the layer at this step",
+            required=False,
+        ),
+        Field(
+            "act_nonfinite_count",
+            "int64",
+            "non-finite values of the layer output over every step since the previous logged step",
             required=False,
         ),
     ),
@@ -201,7 +209,7 @@ RANKS = Table(
         Field(
             "grad_norm_local",
             "float64",
-            "this rank's gradient norm before reduction (not produced yet)",
+            "L2 norm of this rank's own gradients before the data-parallel reduction",
             required=False,
             finite=False,
         ),
@@ -209,7 +217,7 @@ RANKS = Table(
         Field(
             "data_time_s",
             "float64",
-            "time waiting for the next batch (not produced yet)",
+            "time from the previous step's end to this step's first forward",
             required=False,
         ),
         Field(
@@ -228,6 +236,51 @@ RANKS = Table(
             "52-bit hash of the canary computation's result",
             required=False,
         ),
+        Field(
+            "replica_fingerprint",
+            "int64",
+            "52-bit hash of the parameters this rank must hold identically to the other "
+            "ranks of its replica_group",
+            required=False,
+        ),
+        Field(
+            "replica_group",
+            "int64",
+            "ranks with the same replica_group must report the same replica_fingerprint",
+            required=False,
+        ),
+        *(
+            Field(
+                f"{kind}_{what}", dtype, f"{kind.replace('_', '-')} {doc}, per step", required=False
+            )
+            for kind in ("all_gather", "reduce_scatter", "all_reduce")
+            for what, dtype, doc in (
+                ("count", "float64", "collectives issued"),
+                ("bytes", "float64", "bytes this rank sent and received"),
+                ("time_s", "float64", "time the collectives took (where the backend reports it)"),
+            )
+        ),
+        *(
+            Field(
+                f"{link}_{way}_bytes_per_s",
+                "float64",
+                f"{doc} {way} rate of this rank's node",
+                required=False,
+            )
+            for link, doc in (
+                ("net", "network interfaces (/proc/net/dev)"),
+                ("ib", "InfiniBand ports (/sys/class/infiniband)"),
+                ("nvlink", "NVLink of this rank's GPU (NVML)"),
+            )
+            for way in ("rx", "tx")
+        ),
+        Field(
+            "throttle_reasons",
+            "int64",
+            "NVML clocks-event (throttle) reasons bitmask; 0 when not throttled",
+            required=False,
+        ),
+        Field("memory_used_bytes", "float64", "device memory in use", required=False),
     ),
 )
 
