@@ -45,12 +45,18 @@ from .exporter import Exporter, HttpExporter, NullExporter
 from .flops import peak_flops
 from .layers import find_layers, local, plain_activation_weight, replication_weight
 from .power import PowerSampler
-from .records import RANK_SLOT, StepMeta, VectorLayout, append_step
+from .records import RANK_SLOT, SAMPLED_FIELDS, StepMeta, VectorLayout, append_step
+from .replica import ReplicaFingerprint
 from .spool import default_spool_dir
+from .timing import StepTimer
 
 log = logging.getLogger(__name__)
 
-_LOSS, _CANARY = RANK_SLOT.index("loss"), RANK_SLOT.index("canary_fingerprint")
+# Slots filled on the device (the others come from the host in one copy).
+_LOSS, _CANARY, _REPLICA, _GRAD_LOCAL = (
+    RANK_SLOT.index(name)
+    for name in ("loss", "canary_fingerprint", "replica_fingerprint", "grad_sumsq_local")
+)
 
 
 @dataclass
@@ -100,11 +106,25 @@ class _Event:
 
 
 @dataclass
+class _Values:
+    """The reduced SUM vector and MAX vector; on CUDA both in one pinned host tensor."""
+
+    first: torch.Tensor
+    maxima: torch.Tensor | None
+
+    def numpy(self, sum_size: int) -> tuple[Any, Any]:
+        if self.maxima is None:
+            both = self.first.numpy()
+            return both[:sum_size], both[sum_size:]
+        return self.first.numpy(), self.maxima.numpy()
+
+
+@dataclass
 class _Pending:
-    """A logged step in flight: `wait()` returns once `values` holds the reduced vector."""
+    """A logged step in flight: `wait()` returns once `values` holds the reduced vectors."""
 
     meta: StepMeta
-    values: torch.Tensor
+    values: _Values
     wait: Callable[[], Any]
 
 
@@ -164,6 +184,8 @@ class Monitor:
         self._plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
         self._grad_index: tuple[tuple[int, ...], torch.Tensor] | None = None
         self._snapshot: list[torch.Tensor] | None = None
+        self.replica = ReplicaFingerprint(self.params, mesh, self.world_size)
+        self.timer = StepTimer(model, self.device)
 
         self.step_count = 0
         self.dropped_steps = 0
@@ -173,6 +195,7 @@ class Monitor:
         self.power = PowerSampler(self.device, local_rank, cfg.power_interval_s or None)
         self._active = True  # is the step now running a logged one?
         self._reset_activations()
+        self._reset_accumulators()
         self._handles = [
             m.register_forward_hook(self._activation_hook(i))
             for i, m in enumerate(self.layers.modules)
@@ -188,7 +211,6 @@ class Monitor:
         )
         self._thread.start()
         self._last_step_end = time.perf_counter()
-        self._last_cpu_s = time.thread_time()
 
     # ------------------------------------------------------------------ set-up (may sync)
 
@@ -246,17 +268,30 @@ class Monitor:
     # ------------------------------------------------------------------ hot path (no sync)
 
     def _reset_activations(self) -> None:
+        """Sums of squares of block outputs: taken on logged steps only."""
         n = len(self.layers.names)
         self._act_sumsq = torch.zeros(n, dtype=torch.float64, device=self.device)
         self._act_count = [0.0] * n  # element counts are known on the host
 
+    def _reset_accumulators(self) -> None:
+        """What every step adds to, between logged steps: maxima and non-finite counts."""
+        n = len(self.layers.names)
+        self._act_max = torch.zeros(n, dtype=torch.float64, device=self.device)
+        self._act_nonfinite = torch.zeros(n, dtype=torch.float64, device=self.device)
+        self._loss_nonfinite = torch.zeros((), dtype=torch.float64, device=self.device)
+
     def _activation_hook(self, index: int) -> Callable:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
-            if not self._active:
-                return
             out = output[0] if isinstance(output, tuple) else output
             weight = replication_weight(out) if out is not local(out) else self._plain_weight
             out = local(out).detach()
+            # Every step: a spike or a NaN between logged steps is not lost. The max of
+            # copies is the max of one; counts are weighted like sums.
+            max_abs = torch.linalg.vector_norm(out, ord=math.inf, dtype=torch.float32).double()
+            self._act_max[index] = torch.maximum(self._act_max[index], max_abs)
+            self._act_nonfinite[index] += (~torch.isfinite(out)).sum() * weight
+            if not self._active:
+                return
             sumsq = torch.linalg.vector_norm(out, dtype=torch.float32).double().square()
             self._act_sumsq[index] += sumsq * weight
             self._act_count[index] += out.numel() * weight
@@ -274,9 +309,16 @@ class Monitor:
         sq = torch.stack(norms).double().square() * self._param_weight[idx]
         return out.index_add_(0, self._param_layer[idx], sq)
 
-    def _grad_sumsq(self) -> torch.Tensor:
+    def _grad_sumsq_and_nonfinite(self) -> tuple[torch.Tensor, torch.Tensor]:
         have = [i for i, p in enumerate(self.params) if p.grad is not None]
-        return self._layer_sumsq([local(self.params[i].grad) for i in have], have)
+        grads = [local(self.params[i].grad) for i in have]
+        sumsq = self._layer_sumsq(grads, have)
+        nonfinite = torch.zeros_like(sumsq)
+        if have:
+            idx = self._index_on_device(tuple(have))
+            counts = torch.stack([(~torch.isfinite(g)).sum() for g in grads]).double()
+            nonfinite.index_add_(0, self._param_layer[idx], counts * self._param_weight[idx])
+        return sumsq, nonfinite
 
     def _param_and_update_sumsq(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-layer sums of squares of the parameters, and of their change by the optimizer
@@ -305,19 +347,20 @@ class Monitor:
         loss: this rank's loss tensor (on the device; not read here). tokens: tokens this
         rank processed in the step. lr: the learning rate the step used, if known.
         """
-        now, arrival_unix_s, cpu_s = time.perf_counter(), time.time(), time.thread_time()
+        now, arrival_unix_s = time.perf_counter(), time.time()
         step_time_s, self._last_step_end = now - self._last_step_end, now
-        # CPU time of the training thread: what this rank computed, excluding time blocked in
-        # collectives waiting for others. Meaningless when a GPU does the work.
-        compute_time_s = cpu_s - self._last_cpu_s if self.device.type == "cpu" else math.nan
-        self._last_cpu_s = cpu_s
+        data_time_s, compute_time_s = self.timer.step()
+        loss = loss.detach()
+        self._loss_nonfinite += (~torch.isfinite(loss)).sum() * self._plain_weight
         if self._active:
             timing = {
                 "step_time_s": step_time_s,
                 "compute_time_s": compute_time_s,
+                "data_time_s": data_time_s,
                 "arrival_unix_s": arrival_unix_s,
             }
             self._launch(loss, tokens, lr, timing)
+            self._reset_accumulators()  # after _launch copied them into its vector
         self.step_count += 1
         self._active = self.step_count % self.cfg.log_every == 0
         self._reset_activations()
@@ -337,13 +380,13 @@ class Monitor:
         host_slot = {
             **timing,
             "tokens": tokens,
-            "power_w": power.power_w,
-            "energy_j": power.energy_j,
-            "sm_clock_mhz": power.sm_clock_mhz,
-            "temperature_c": power.temperature_c,
-            # NaN unless this is a canary step. Writing a Python number into a device
+            **{k: getattr(power, k, math.nan) for k in SAMPLED_FIELDS},
+            "replica_group": math.nan if self.replica.group is None else self.replica.group,
+            # Filled on the device below, or NaN. Writing a Python number into a device
             # tensor would copy it from pageable memory and synchronise.
             "canary_fingerprint": math.nan,
+            "replica_fingerprint": math.nan,
+            "grad_sumsq_local": math.nan,
         }
         # One host->device copy (pinned, non-blocking) for every host-side number.
         host = torch.tensor(
@@ -351,33 +394,48 @@ class Monitor:
             dtype=torch.float64,
         )
         host = (host.pin_memory() if pin else host).to(self.device, non_blocking=True)
-        loss = loss.detach().double().reshape(1)
+        loss = loss.double().reshape(1)
+        grad_sumsq, grad_nonfinite = self._grad_sumsq_and_nonfinite()
         slot = host[n + 1 :].clone()
         slot[_LOSS] = loss[0]
+        if not self.distributed:  # one process: its gradients are the local ones
+            slot[_GRAD_LOCAL] = grad_sumsq.sum()
         if self.cfg.canary_every and self.step_count % self.cfg.canary_every == 0:
             slot[_CANARY] = self.canary.run().double()  # device to device: no sync
+            if self.replica.group is not None:
+                slot[_REPLICA] = self.replica.fingerprint().double()
         slots = torch.zeros(
             self.world_size, len(RANK_SLOT), dtype=torch.float64, device=self.device
         )
         slots[self.rank] = slot
         param_sumsq, update_sumsq = self._param_and_update_sumsq()
         vec = torch.cat(
-            [self._grad_sumsq(), self._act_sumsq, host[:n], param_sumsq, update_sumsq,
-             loss * (tokens * w), host[n : n + 1], slots.flatten()]
+            [grad_sumsq, self._act_sumsq, host[:n], param_sumsq, update_sumsq,
+             grad_nonfinite, self._act_nonfinite,
+             loss * (tokens * w), host[n : n + 1], self._loss_nonfinite.reshape(1),
+             slots.flatten()]
         )  # fmt: skip
+        vec_max = self._act_max.clone()
         wait = _no_wait
         if self.distributed:
-            work = dist.all_reduce(vec, group=self._group, async_op=True)
-            wait = work.wait
+            # Maxima cannot ride the SUM: a second, small reduction right behind it.
+            works = [
+                dist.all_reduce(vec, group=self._group, async_op=True),
+                dist.all_reduce(vec_max, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
+            ]
+            wait = lambda: [w.wait() for w in works]  # noqa: E731
         if pin:
             wait()  # on CUDA this orders our stream after the collective; the host does not block
-            vec = vec.to("cpu", non_blocking=True)  # into pinned memory
+            both = torch.cat([vec, vec_max]).to("cpu", non_blocking=True)  # into pinned memory
             ready = torch.cuda.Event()
             ready.record()
             wait = ready.synchronize
+        else:
+            both = None
         meta = StepMeta(self.step_count, lr, self.flops_per_token, self.peak_flops_per_s)
+        values = _Values(vec, vec_max) if both is None else _Values(both, None)
         try:
-            self._queue.put_nowait(_Pending(meta, vec, wait))
+            self._queue.put_nowait(_Pending(meta, values, wait))
         except queue.Full:
             self.dropped_steps += 1  # exported as a counter; training never blocks on us
 
@@ -402,8 +460,9 @@ class Monitor:
                 item.wait()
                 if self.rank == 0:
                     meta = replace(item.meta, telemetry_dropped=self.telemetry_dropped)
-                    values = item.values.numpy()  # sync point: host memory, after wait()
-                    append_step(builder, self.layout, values, meta)
+                    # sync point: host memory, after wait()
+                    values, maxima = item.values.numpy(self.layout.size)
+                    append_step(builder, self.layout, values, maxima, meta)
             if len(builder) and time.monotonic() - last_flush >= self.cfg.export_interval_s:
                 self._export(builder)
                 builder, last_flush = BatchBuilder(self.run_id), time.monotonic()
@@ -438,6 +497,7 @@ class Monitor:
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush what is pending and stop the background threads. Call on every rank."""
         self.power.close()
+        self.timer.close()
         for h in self._handles:
             h.remove()
         if self.rank == 0:  # a clean end: alerting tells a finished run from a stalled one

@@ -2,8 +2,12 @@
 
 Every rank fills the same float64 vector; a SUM all-reduce then yields global values:
 
-    [grad_sumsq | act_sumsq | act_count | param_sumsq | update_sumsq  (L each)
-     | loss*tokens | tokens | rank slots x W*S]
+    [grad_sumsq | act_sumsq | act_count | param_sumsq | update_sumsq
+     | grad_nonfinite | act_nonfinite  (L each)
+     | loss*tokens | tokens | loss_nonfinite | rank slots x W*S]
+
+Maxima cannot ride a SUM, so a second, small vector goes through a MAX all-reduce issued
+right after the first on the same group: [act_max_abs (L)].
 
 Sums of squares and counts are already weighted by 1/copies (see layers.py), so the sum
 over ranks counts every element once. Each rank writes only its own rank slot (the S
@@ -22,23 +26,63 @@ import numpy as np
 
 from trainvitals.schema import BatchBuilder
 
+# Per-step collective traffic, from hooks/comms.py.
+COMMS_FIELDS = tuple(
+    f"{kind}_{what}"
+    for kind in ("all_gather", "reduce_scatter", "all_reduce")
+    for what in ("count", "bytes", "time_s")
+)
+# Read from the background sampler (hooks/power.py): power, clocks, node counters.
+SAMPLED_FIELDS = (
+    "power_w",
+    "energy_j",
+    "sm_clock_mhz",
+    "temperature_c",
+    "throttle_reasons",
+    "memory_used_bytes",
+    "net_rx_bytes_per_s",
+    "net_tx_bytes_per_s",
+    "ib_rx_bytes_per_s",
+    "ib_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
+    "nvlink_tx_bytes_per_s",
+)
+# Slot values that become ranks columns as they are (NaN: not reported, stored as null).
+_INTEGER = ("canary_fingerprint", "replica_fingerprint", "replica_group", "throttle_reasons")
+_AS_IS = tuple(
+    name
+    for name in ("compute_time_s", "data_time_s", *COMMS_FIELDS, *SAMPLED_FIELDS)
+    if name not in _INTEGER
+)
+
 # What each rank reports about itself. Fingerprints are 52-bit integers, exact in float64.
 RANK_SLOT = (
     "step_time_s",  # host wall time between this rank's step boundaries
     "tokens",
     "loss",  # this rank's local loss
-    "compute_time_s",  # CPU: the training thread's CPU time; NaN on CUDA (not measured yet)
+    "compute_time_s",  # CPU: the training thread's CPU time; CUDA: event-timed (see monitor)
+    "data_time_s",  # previous optimizer step's end -> this step's first forward
     "arrival_unix_s",  # when the rank reached the step boundary (the hooks' collective)
+    "grad_sumsq_local",  # this rank's own gradients before the data-parallel reduction
     "canary_fingerprint",  # NaN on steps without a canary
-    "power_w",
-    "energy_j",
-    "sm_clock_mhz",
-    "temperature_c",
+    "replica_fingerprint",  # NaN on steps without one, or when the rank has no replicas
+    "replica_group",
+    *COMMS_FIELDS,
+    *SAMPLED_FIELDS,
 )
 _SLOT = {name: i for i, name in enumerate(RANK_SLOT)}
 
 
-_PER_LAYER = ("grad_sumsq", "act_sumsq", "act_count", "param_sumsq", "update_sumsq")
+_PER_LAYER = (
+    "grad_sumsq",
+    "act_sumsq",
+    "act_count",
+    "param_sumsq",
+    "update_sumsq",
+    "grad_nonfinite",  # non-finite gradient values of the logged step
+    "act_nonfinite",  # non-finite block-output values of every step since the last logged one
+)
+_PER_STEP = ("loss_x_tokens", "tokens", "loss_nonfinite")
 
 
 @dataclass(frozen=True)
@@ -49,7 +93,7 @@ class VectorLayout:
 
     @property
     def size(self) -> int:
-        return len(_PER_LAYER) * self.n_layers + 2 + len(RANK_SLOT) * self.world_size
+        return len(_PER_LAYER) * self.n_layers + len(_PER_STEP) + len(RANK_SLOT) * self.world_size
 
     def per_layer(self, v: np.ndarray, name: str) -> np.ndarray:
         i = _PER_LAYER.index(name)
@@ -64,13 +108,13 @@ class VectorLayout:
     def act_count(self, v: np.ndarray) -> np.ndarray:
         return self.per_layer(v, "act_count")
 
-    def loss_and_tokens(self, v: np.ndarray) -> tuple[float, float]:
-        base = len(_PER_LAYER) * self.n_layers
-        return float(v[base]), float(v[base + 1])
+    def per_step(self, v: np.ndarray, name: str) -> float:
+        return float(v[len(_PER_LAYER) * self.n_layers + _PER_STEP.index(name)])
 
     def rank_slots(self, v: np.ndarray) -> np.ndarray:
         """(world_size, len(RANK_SLOT)) array, columns named by RANK_SLOT."""
-        return v[len(_PER_LAYER) * self.n_layers + 2 :].reshape(self.world_size, len(RANK_SLOT))
+        start = len(_PER_LAYER) * self.n_layers + len(_PER_STEP)
+        return v[start:].reshape(self.world_size, len(RANK_SLOT))
 
 
 @dataclass(frozen=True)
@@ -92,22 +136,31 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta: StepMeta) -> None:
-    """Turn one reduced vector into a steps row, L layers rows and W ranks rows."""
+def _int_or_none(x: float) -> int | None:
+    return int(x) if math.isfinite(x) else None
+
+
+def append_step(
+    builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, v_max: np.ndarray, meta: StepMeta
+) -> None:
+    """Turn one reduced vector (and its MAX companion) into a steps row, L layers rows and W
+    ranks rows."""
     ranks = layout.rank_slots(v)
-    loss_x_tokens, tokens = layout.loss_and_tokens(v)
+    tokens = layout.per_step(v, "tokens")
     # In a synchronous job the step ends when the slowest rank ends.
     step_time_s = float(ranks[:, _SLOT["step_time_s"]].max())
     tokens_per_s = _safe_div(tokens, step_time_s)
     tflops_per_device = tokens_per_s * meta.flops_per_token / layout.world_size / 1e12
     grad_sumsq = layout.grad_sumsq(v)
+    grad_nonfinite = layout.per_layer(v, "grad_nonfinite")
+    act_nonfinite = layout.per_layer(v, "act_nonfinite")
     power = ranks[:, _SLOT["power_w"]]
     energy = ranks[:, _SLOT["energy_j"]]
     builder.append(
         "steps",
         step=meta.step,
         time_unix_s=time.time(),
-        loss=_safe_div(loss_x_tokens, tokens),
+        loss=_safe_div(layout.per_step(v, "loss_x_tokens"), tokens),
         grad_norm=math.sqrt(grad_sumsq.sum()),
         lr=meta.lr,
         tokens=round(tokens),
@@ -118,6 +171,9 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
         # Job totals over the ranks that report power; None when none does.
         power_w=float(np.nansum(power)) if np.isfinite(power).any() else None,
         energy_j=float(np.nansum(energy)) if np.isfinite(energy).any() else None,
+        nonfinite_count=round(
+            grad_nonfinite.sum() + act_nonfinite.sum() + layout.per_step(v, "loss_nonfinite")
+        ),
         telemetry_dropped=meta.telemetry_dropped,
     )
     act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
@@ -130,10 +186,13 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
             layer=layer,
             grad_norm=math.sqrt(grad_sumsq[layer]),
             act_rms=float(act_rms[layer]),
+            act_max_abs=float(v_max[layer]),
             param_norm=float(param_norm[layer]),
             # The change made by the optimizer step just before this step; None on a
             # run's first logged step, which no optimizer step precedes.
             update_rms=_finite_or_none(float(update_rms[layer])),
+            nonfinite_count=round(grad_nonfinite[layer]),
+            act_nonfinite_count=round(act_nonfinite[layer]),
         )
     # The release of the step's synchronisation point is the last rank's arrival: every
     # other rank waits that long for it (clocks of different hosts agree to NTP accuracy).
@@ -141,7 +200,6 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
     release = float(arrival.max())
     for rank in range(layout.world_size):
         slot = {name: float(x) for name, x in zip(RANK_SLOT, ranks[rank], strict=True)}
-        fingerprint = slot["canary_fingerprint"]
         builder.append(
             "ranks",
             step=meta.step,
@@ -149,11 +207,8 @@ def append_step(builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, meta
             step_time_s=slot["step_time_s"],
             tokens_per_s=_safe_div(slot["tokens"], slot["step_time_s"]),
             loss=slot["loss"],
-            compute_time_s=_finite_or_none(slot["compute_time_s"]),
+            grad_norm_local=_finite_or_none(math.sqrt(slot["grad_sumsq_local"])),
             wait_time_s=release - slot["arrival_unix_s"],
-            canary_fingerprint=int(fingerprint) if math.isfinite(fingerprint) else None,
-            power_w=_finite_or_none(slot["power_w"]),
-            energy_j=_finite_or_none(slot["energy_j"]),
-            sm_clock_mhz=_finite_or_none(slot["sm_clock_mhz"]),
-            temperature_c=_finite_or_none(slot["temperature_c"]),
+            **{name: _finite_or_none(slot[name]) for name in _AS_IS},
+            **{name: _int_or_none(slot[name]) for name in _INTEGER},
         )

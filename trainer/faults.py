@@ -4,6 +4,9 @@
     --inject sdc:rank=2,step=30,fraction=0.001       rank 2 has a faulty unit from step 30: a
                                                      fraction of one op's outputs (and of the
                                                      SDC canary's) come out wrong
+    --inject sdc:rank=2,step=30,mode=bitflip         one bit of one weight flips in rank 2's
+                                                     memory at step 30 (a replicated weight
+                                                     where there is one, so replicas disagree)
     --inject spike:step=50,kind=batch                one step trains on random bytes
     --inject spike:step=50,kind=lr                   one step uses 30x the learning rate
     --inject nan:step=40                             the loss becomes NaN
@@ -25,13 +28,15 @@ from torch import nn
 KINDS = {
     # kind: (required parameters, optional parameters with defaults)
     "straggler": ({"rank", "step", "slowdown"}, {}),
-    "sdc": ({"rank", "step"}, {"fraction": 0.001}),
+    "sdc": ({"rank", "step"}, {"fraction": 0.001, "mode": "unit"}),
     "spike": ({"step"}, {"kind": "batch"}),
     "nan": ({"step"}, {}),
     "crash": ({"rank", "step"}, {}),
     "hang": ({"rank", "step"}, {}),
 }
+_TEXT_PARAMS = {"kind", "mode"}
 LR_SPIKE_FACTOR = 30.0
+BITFLIP_BIT = 20  # a float32 mantissa bit: the weight changes by a few percent, nothing blows up
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ def parse_fault(spec: str) -> Fault:
             raise ValueError(
                 f"--inject {spec!r}: unexpected {item!r}; takes {sorted(required | set(optional))}"
             )
-        params[key] = value if key == "kind" else float(value)
+        params[key] = value if key in _TEXT_PARAMS else float(value)
     missing = required - set(params)
     if missing:
         raise ValueError(f"--inject {spec!r}: missing {sorted(missing)}")
@@ -74,6 +79,8 @@ def parse_fault(spec: str) -> Fault:
         raise ValueError(f"--inject {spec!r}: slowdown must be in (0, 10]")
     if kind == "sdc" and not 0 < params["fraction"] <= 1:
         raise ValueError(f"--inject {spec!r}: fraction must be in (0, 1]")
+    if kind == "sdc" and params["mode"] not in ("unit", "bitflip"):
+        raise ValueError(f"--inject {spec!r}: sdc mode must be 'unit' or 'bitflip'")
     if kind == "spike" and params["kind"] not in ("batch", "lr"):
         raise ValueError(f"--inject {spec!r}: spike kind must be 'batch' or 'lr'")
     return Fault(kind, params)
@@ -84,6 +91,13 @@ def corrupt(t: torch.Tensor, fraction: float, seed: int = 7) -> torch.Tensor:
     gen = torch.Generator(device=t.device).manual_seed(seed)
     mask = torch.rand(t.shape, generator=gen, device=t.device) < fraction
     return torch.where(mask, -8.0 * t, t)
+
+
+def flip_bit(param: torch.Tensor, bit: int) -> None:
+    """Flip one bit of the first element of this rank's (local shard of the) float32 weight."""
+    t = param.to_local() if hasattr(param, "to_local") else param
+    with torch.no_grad():
+        t.view(torch.int32).view(-1)[0] ^= 1 << bit
 
 
 class FaultInjector:
@@ -113,8 +127,13 @@ class FaultInjector:
                     monitor.event(f"fault:{f.kind}", step, f.rank, detail)
 
     def arm_sdc(self, model: nn.Module, monitor, step: int) -> None:
-        """From its step on, this rank computes wrong values in one op and in its canary."""
+        """From its step on, this rank computes wrong values in one op and in its canary;
+        or, for a bit flip, one bit of one weight flips once, now."""
         for f in self._mine("sdc", step):
+            if f.params["mode"] == "bitflip":
+                replicas = getattr(getattr(monitor, "replica", None), "tensors", None)
+                flip_bit(replicas[0] if replicas else next(model.parameters()), BITFLIP_BIT)
+                continue
             block = next(m for name, m in model.named_modules() if name.endswith("feed_forward"))
             block.register_forward_hook(lambda _m, _i, out, p=f.params: corrupt(out, p["fraction"]))
             if monitor.canary is not None:  # None when the hooks are off

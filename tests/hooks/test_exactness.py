@@ -22,9 +22,10 @@ def _telemetry(path: Path) -> tuple[dict, dict]:
                 steps[step] = {"loss": s["loss"][i], "grad_norm": s["grad_norm"][i]}
         if t := batch.get("layers"):
             for i, (step, layer) in enumerate(zip(t["step"], t["layer"], strict=True)):
+                assert t["nonfinite_count"][i] == 0 and t["act_nonfinite_count"][i] == 0
                 layers[step, layer] = {
                     name: t[name][i]
-                    for name in ("grad_norm", "act_rms", "param_norm", "update_rms")
+                    for name in ("grad_norm", "act_rms", "act_max_abs", "param_norm", "update_rms")
                     if t[name][i] is not None  # no update before the first optimizer step
                 }
     return steps, layers

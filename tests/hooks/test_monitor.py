@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -58,9 +59,11 @@ def test_global_grad_norm_equals_torch_clip_norm(model) -> None:
     assert out.rows("steps")[0]["grad_norm"] == pytest.approx(expected, rel=1e-6)
 
 
-def test_step_makes_no_host_sync(model, monkeypatch) -> None:
-    """During monitor.step on the training thread, no tensor is read back to the host."""
-    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e12, log_every=1)
+def test_training_step_makes_no_host_sync(model, monkeypatch) -> None:
+    """Forward (activation hooks), backward, monitor.step and the optimizer step (timing
+    hook), on a logged and an unlogged step: nothing is read back to the host."""
+    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e12, log_every=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     calls: list[str] = []
     training_thread = threading.current_thread()
     for name in SYNCING:
@@ -73,13 +76,68 @@ def test_step_makes_no_host_sync(model, monkeypatch) -> None:
 
         monkeypatch.setattr(torch.Tensor, name, spy)
     x = torch.randint(0, 256, (2, 16))
-    loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
-    loss.backward()
-    calls.clear()  # count only what the monitor does
-    monitor.step(loss=loss, tokens=32)
+    for _ in range(4):
+        loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        loss.backward()
+        monitor.step(loss=loss, tokens=32)
+        opt.step()
+        opt.zero_grad()
     assert calls == []
     monkeypatch.undo()
     monitor.close()
+
+
+def test_maxima_and_nonfinite_counts_accumulate_between_logged_steps(model) -> None:
+    """A NaN and a spike on unlogged steps reach the next logged step's records."""
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=4, peak_flops_per_s=1e12, run_id="t")
+    block = model.layers[0]
+    seen_max: list[float] = []
+    step = {"n": 0}
+
+    def poison(_m, _i, output):
+        if step["n"] == 5:  # unlogged: logged steps are 0, 4, 8
+            output = output.clone()
+            output[0, 0, :3] = float("nan")
+        if step["n"] == 2:
+            output = output * 100.0
+        seen_max.append(output.detach().abs().nan_to_num(0.0).max().item())
+        return output
+
+    block.register_forward_hook(poison, prepend=True)  # the monitor's hook sees the result
+    x = torch.randint(0, 256, (2, 16))
+    for n in range(9):  # no optimizer step: the NaN gradients of step 5 stay in step 5
+        step["n"] = n
+        loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        loss.backward()
+        monitor.step(loss=loss, tokens=32)
+        model.zero_grad()
+    monitor.close()
+    layer0 = {r["step"]: r for r in out.rows("layers") if r["layer"] == 1}  # layers.0
+    steps = {r["step"]: r for r in out.rows("steps")}
+    assert layer0[4]["act_max_abs"] == pytest.approx(max(seen_max[1:5]), rel=1e-6)
+    assert layer0[4]["act_max_abs"] > 50 * layer0[0]["act_max_abs"]  # the spike at step 2
+    assert layer0[0]["act_nonfinite_count"] == 0 and layer0[4]["act_nonfinite_count"] == 0
+    assert layer0[8]["act_nonfinite_count"] == 3  # the NaNs of step 5
+    assert steps[8]["nonfinite_count"] >= 3 and steps[4]["nonfinite_count"] == 0
+
+
+def test_data_time_is_the_wait_before_forward(model) -> None:
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=1, peak_flops_per_s=1e12)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randint(0, 256, (2, 16))
+    for _ in range(3):
+        time.sleep(0.05)  # "loading" the batch
+        loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        loss.backward()
+        monitor.step(loss=loss, tokens=32)
+        opt.step()
+        opt.zero_grad()
+    monitor.close()
+    ranks = out.rows("ranks")
+    assert all(0.05 <= r["data_time_s"] < r["step_time_s"] for r in ranks[1:])
+    assert all(r["compute_time_s"] > 0 and r["grad_norm_local"] > 0 for r in ranks)
 
 
 def test_bad_config_is_refused(model) -> None:
