@@ -80,6 +80,7 @@ class MonitorConfig:
     canary_every: int = 50  # logged steps carry an SDC canary fingerprint this often; 0: off
     canary_dtype: str = ""  # "": bfloat16 on CUDA, float32 elsewhere (the usual training dtype)
     power_interval_s: float = 0.1  # power sampling period; 0: no power sampling
+    first_step: int = 0  # a resumed run counts on from where its checkpoint left off
 
     def __post_init__(self) -> None:
         if self.log_every < 1:
@@ -94,6 +95,8 @@ class MonitorConfig:
             raise ValueError(
                 f"MonitorConfig.peak_precision must be bf16 or fp8, got {self.peak_precision!r}"
             )
+        if self.first_step < 0:
+            raise ValueError(f"MonitorConfig.first_step must be >= 0, got {self.first_step}")
         if self.canary_every < 0 or self.power_interval_s < 0:
             raise ValueError("MonitorConfig.canary_every and power_interval_s must be >= 0")
         if self.canary_dtype not in ("", "float32", "bfloat16", "float16"):
@@ -187,13 +190,13 @@ class Monitor:
         self.replica = ReplicaFingerprint(self.params, mesh, self.world_size)
         self.timer = StepTimer(model, self.device)
 
-        self.step_count = 0
+        self.step_count = cfg.first_step
         self.dropped_steps = 0
         canary_dtype = cfg.canary_dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.canary = Canary(self.device, getattr(torch, canary_dtype))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.power = PowerSampler(self.device, local_rank, cfg.power_interval_s or None)
-        self._active = True  # is the step now running a logged one?
+        self._active = cfg.first_step % cfg.log_every == 0  # is this step a logged one?
         self._reset_activations()
         self._reset_accumulators()
         self._handles = [
@@ -453,7 +456,8 @@ class Monitor:
                 item = None
             if item is _STOP:
                 break
-            if isinstance(item, _Event):
+            urgent = isinstance(item, _Event)  # rare, and the record of a crash: sent at once
+            if urgent:
                 builder.append("events", **item.row)
             elif item is not None:
                 # sync point: on this export thread only; training never waits for it.
@@ -463,7 +467,8 @@ class Monitor:
                     # sync point: host memory, after wait()
                     values, maxima = item.values.numpy(self.layout.size)
                     append_step(builder, self.layout, values, maxima, meta)
-            if len(builder) and time.monotonic() - last_flush >= self.cfg.export_interval_s:
+            due = time.monotonic() - last_flush >= self.cfg.export_interval_s
+            if len(builder) and (due or urgent):
                 self._export(builder)
                 builder, last_flush = BatchBuilder(self.run_id), time.monotonic()
         if len(builder):

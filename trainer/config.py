@@ -33,6 +33,8 @@ class TrainConfig:
     peak_flops_per_s: float = 0.0  # 0: from the device table or measured
     canary_every: int = 50  # logged steps between SDC canary fingerprints; 0: off
     hooks: str = "on"  # "off" trains without trainvitals (to measure what the hooks cost)
+    checkpoint_dir: str = ""  # DCP checkpoints go here; a run finding one there resumes it
+    checkpoint_every: int = 0  # steps between checkpoints; 0: never
     inject: list[str] = field(default_factory=list)  # faults, see trainer/faults.py
 
     def __post_init__(self) -> None:
@@ -74,6 +76,9 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.collector must be an http(s) URL, got {self.collector!r}"
             )
+
+        if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
+            raise ValueError("TrainConfig.checkpoint_every must be >= 0 and needs checkpoint_dir")
 
     @property
     def world_size(self) -> int:

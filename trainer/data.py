@@ -56,14 +56,21 @@ class ByteBatches:
         self.global_batch = global_batch
         self.gen = torch.Generator().manual_seed(seed)
 
+    def _starts(self) -> torch.Tensor:
+        return torch.randint(
+            0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=self.gen
+        )
+
+    def skip(self, n_batches: int) -> None:
+        """Draw and drop n batches: a resumed run sees the data an unbroken one would."""
+        for _ in range(n_batches):
+            self._starts()
+
     def next(self, dp_rank: int = 0, dp: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of shape (global_batch / dp, seq_len) for this data-parallel rank."""
         if self.global_batch % dp:
             raise ValueError(f"global batch {self.global_batch} is not divisible by dp={dp}")
-        starts = torch.randint(
-            0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=self.gen
-        )
-        local = starts.view(dp, -1)[dp_rank]
+        local = self._starts().view(dp, -1)[dp_rank]
         offsets = torch.arange(self.seq_len + 1)
         windows = self.data[local[:, None] + offsets]
         return windows[:, :-1], windows[:, 1:]

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,7 @@ from trainvitals.hooks.exporter import HttpExporter, JsonlExporter, MultiExporte
 from trainvitals.hooks.flops import flops_per_token
 from trainvitals.hooks.spool import default_spool_dir
 
+from . import checkpoint
 from .config import TrainConfig, add_arguments, from_args
 from .data import ByteBatches, generate_corpus
 from .faults import FaultInjector
@@ -121,6 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     batches = ByteBatches(
         generate_corpus(cfg.corpus_bytes, cfg.seed), seq_len, cfg.global_batch, cfg.seed
     )
+    ckpt_root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    resumed = checkpoint.resume(ckpt_root, model, optimizer, scheduler) if ckpt_root else None
+    first_step = resumed.step + 1 if resumed else 0
+    if resumed:
+        checkpoint.restore_lr(optimizer, scheduler)
+        batches.skip(first_step)
 
     monitor = (
         NullMonitor(cfg.run_id)
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
             model,
             mesh,
             exporter=make_exporter(cfg, rank),
-            run_id=cfg.run_id,
+            run_id=resumed.run_id if resumed else cfg.run_id,
+            first_step=first_step,
             log_every=cfg.log_every,
             model_name=f"llama-{cfg.preset}",
             model_config={**model_cfg.to_dict(), "seq_len": seq_len},
@@ -152,9 +161,14 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
 
+    if resumed and rank == 0:
+        print(f"resumed from {resumed.path} at step {first_step}", flush=True)
+        detail = {"resumed_from_step": resumed.step, "load_s": resumed.load_s}
+        monitor.event("restart", first_step, detail=detail)
+
     injector = FaultInjector(cfg.inject, rank, cfg.world_size)
     last_step_s = 0.0
-    for step in range(cfg.steps):
+    for step in range(first_step, cfg.steps):
         injector.record(monitor, step)
         injector.arm_sdc(model, monitor, step)
         injector.crash_or_hang(step)
@@ -182,12 +196,20 @@ def main(argv: list[str] | None = None) -> None:
         if rank == 0 and (step % 50 == 0 or step == cfg.steps - 1):
             print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)  # .item() is a sync point
         last_step_s = time.perf_counter() - start_s
-        if step == WARMUP_STEPS - 1:
+        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            saved_s = checkpoint.save(
+                ckpt_root, step, monitor.run_id, model, optimizer, scheduler, rank
+            )
+            if rank == 0:
+                monitor.event("checkpoint", step, detail={"duration_s": saved_s})
+        if step == first_step + WARMUP_STEPS - 1:
             steady_start_s = time.perf_counter()
 
-    if rank == 0 and cfg.steps > WARMUP_STEPS:
-        steady_ms = (time.perf_counter() - steady_start_s) / (cfg.steps - WARMUP_STEPS) * 1e3
-        print(f"steady step time: {steady_ms:.2f} ms (steps {WARMUP_STEPS}-{cfg.steps - 1})")
+    steady_steps = cfg.steps - first_step - WARMUP_STEPS
+    if rank == 0 and steady_steps > 0:
+        steady_ms = (time.perf_counter() - steady_start_s) / steady_steps * 1e3
+        first = first_step + WARMUP_STEPS
+        print(f"steady step time: {steady_ms:.2f} ms (steps {first}-{cfg.steps - 1})")
 
     monitor.close()
     if distributed:

@@ -1,0 +1,53 @@
+"""Checkpoint, crash, resume: a real 2-rank FSDP run restarts where its checkpoint left off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import orjson
+
+from tests.conftest import run_trainer
+from trainvitals.trainer.launch import torchrun_command
+
+COMMON = ["--steps", "12", "--dp", "2", "--seed", "5", "--log-every", "1"]
+
+
+def _read(path: Path) -> tuple[dict[int, float], list[tuple[str, int]], set[str]]:
+    """(step -> loss, [(event kind, step)], run ids) of a telemetry file."""
+    losses, events, run_ids = {}, [], set()
+    for line in path.read_bytes().splitlines():
+        batch = orjson.loads(line)
+        run_ids.add(batch["run_id"])
+        if s := batch.get("steps"):
+            losses.update(zip(s["step"], s["loss"], strict=True))
+        if e := batch.get("events"):
+            events += [(k, st) for k, st in zip(e["kind"], e["step"], strict=True)]
+    return losses, events, run_ids
+
+
+def test_resumed_run_continues_exactly_and_records_restart(tmp_path: Path) -> None:
+    unbroken = tmp_path / "unbroken.jsonl"
+    run_trainer([*COMMON, "--telemetry-file", str(unbroken)], nproc=2)
+
+    run = tmp_path / "run.jsonl"
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "4"]
+    crashing = [*COMMON, *ckpt, "--telemetry-file", str(run), "--inject", "crash:rank=1,step=10"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run(
+        torchrun_command(2, crashing), capture_output=True, text=True, timeout=300, env=env
+    )
+    assert first.returncode != 0, "the crash fault must end the first attempt"
+    assert (tmp_path / "ckpt" / "latest").read_text() == "step-00000007"
+
+    second = run_trainer([*COMMON, *ckpt, "--telemetry-file", str(run)], nproc=2)
+    assert "resumed from" in second.stdout and "at step 8" in second.stdout
+
+    want, _, _ = _read(unbroken)
+    got, events, run_ids = _read(run)
+    assert len(run_ids) == 1, "the restarted job must continue the same run"
+    for step in range(8, 12):  # the same weights, optimizer moments, LR and data
+        assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), (step, got, want)
+    assert ("restart", 8) in events
+    assert {("checkpoint", 3), ("checkpoint", 7), ("checkpoint", 11)} <= set(events)
