@@ -41,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainvitals.schema import BatchBuilder
 
 from .canary import Canary
+from .comms import CommsMeter
 from .exporter import Exporter, HttpExporter, NullExporter
 from .flops import peak_flops
 from .layers import find_layers, local, plain_activation_weight, replication_weight
@@ -81,6 +82,9 @@ class MonitorConfig:
     canary_dtype: str = ""  # "": bfloat16 on CUDA, float32 elsewhere (the usual training dtype)
     power_interval_s: float = 0.1  # power sampling period; 0: no power sampling
     first_step: int = 0  # a resumed run counts on from where its checkpoint left off
+    # Time NCCL collectives with CUDA events (one pair per collective; docs/interconnect.md).
+    # None: only if TORCH_NCCL_ENABLE_TIMING=1 is set.
+    time_collectives: bool | None = None
 
     def __post_init__(self) -> None:
         if self.log_every < 1:
@@ -189,6 +193,8 @@ class Monitor:
         self._snapshot: list[torch.Tensor] | None = None
         self.replica = ReplicaFingerprint(self.params, mesh, self.world_size)
         self.timer = StepTimer(model, self.device)
+        self.comms = CommsMeter(model, mesh, self.device, time_collectives=cfg.time_collectives)
+        self._last_logged = cfg.first_step - 1
 
         self.step_count = cfg.first_step
         self.dropped_steps = 0
@@ -197,6 +203,7 @@ class Monitor:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.power = PowerSampler(self.device, local_rank, cfg.power_interval_s or None)
         self._active = cfg.first_step % cfg.log_every == 0  # is this step a logged one?
+        self.comms.armed = self._active
         self._reset_activations()
         self._reset_accumulators()
         self._handles = [
@@ -366,6 +373,7 @@ class Monitor:
             self._reset_accumulators()  # after _launch copied them into its vector
         self.step_count += 1
         self._active = self.step_count % self.cfg.log_every == 0
+        self.comms.armed = self._active
         self._reset_activations()
         if self._active:
             # The optimizer step that follows changes the parameters; the next (logged) step
@@ -380,8 +388,13 @@ class Monitor:
         w = self._plain_weight  # the loss and token count are replicated like activations
         n = self.layout.n_layers
         power = self.power.read()
+        # Copied before take() zeroes it (both in stream order: no sync).
+        local_grad_sumsq = self.comms.local_grad_sumsq.clone()
+        traffic = self.comms.take(self.step_count - self._last_logged)
+        self._last_logged = self.step_count
         host_slot = {
             **timing,
+            **traffic,
             "tokens": tokens,
             **{k: getattr(power, k, math.nan) for k in SAMPLED_FIELDS},
             "replica_group": math.nan if self.replica.group is None else self.replica.group,
@@ -401,7 +414,9 @@ class Monitor:
         grad_sumsq, grad_nonfinite = self._grad_sumsq_and_nonfinite()
         slot = host[n + 1 :].clone()
         slot[_LOSS] = loss[0]
-        if not self.distributed:  # one process: its gradients are the local ones
+        if self.comms.covers_grads:  # FSDP: read from its reduce-scatter input
+            slot[_GRAD_LOCAL] = local_grad_sumsq
+        elif not self.distributed:  # one process: its gradients are the local ones
             slot[_GRAD_LOCAL] = grad_sumsq.sum()
         if self.cfg.canary_every and self.step_count % self.cfg.canary_every == 0:
             slot[_CANARY] = self.canary.run().double()  # device to device: no sync
@@ -503,6 +518,7 @@ class Monitor:
         """Flush what is pending and stop the background threads. Call on every rank."""
         self.power.close()
         self.timer.close()
+        self.comms.close()
         for h in self._handles:
             h.remove()
         if self.rank == 0:  # a clean end: alerting tells a finished run from a stalled one

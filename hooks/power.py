@@ -1,13 +1,19 @@
-"""Device power, energy, clocks and temperature, sampled on a background thread.
+"""Device power, energy, clocks, temperature and interconnect, sampled on a background thread.
 
 Sources, tried in order:
 - NVML (`nvidia-ml-py`) on CUDA devices: power (mW), cumulative energy (mJ since the driver
-  loaded), SM clock (MHz), temperature (C). Converted to W, J, MHz, C where they enter.
+  loaded), SM clock (MHz), temperature (C), clocks-event ("throttle") reasons (a bitmask),
+  device memory in use (bytes, every process on the GPU) and the NVLink data payload this
+  GPU sent and received (cumulative KiB, all links summed). Converted to W, J, MHz, C and
+  bytes where they enter.
 - RAPL under /sys/class/powercap on CPUs that expose it: the package energy counter (uJ),
   which wraps at max_energy_range_uj. A package is shared by every rank on it, so only the
   first local rank reports it; the others report nothing rather than count it twice.
-Where no source works, `unavailable` says which were tried and why each failed; power is
-never invented. Reading NVML is a host call: it never waits for the device.
+The node's network counters (node.py: IP interfaces, InfiniBand ports) are sampled on the
+same thread, by the first local rank only for the same reason.
+Where no source works, `unavailable` (and `node_unavailable`) says which were tried and why
+each failed; nothing is invented. Reading NVML is a host call: it never waits for the device.
+`read()` only reads what the thread last sampled.
 """
 
 from __future__ import annotations
@@ -15,12 +21,18 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from .node import NodeCounters, NodeRates, NodeTotals
+
 RAPL_ROOT = Path("/sys/class/powercap")
+# nvmlFieldValue_t.scopeId that sums an NVLink counter over every link (nvml.h).
+NVML_ALL_LINKS = 0xFFFFFFFF
+KIB = 1024
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,36 @@ class PowerReading:
     energy_j: float = math.nan  # since the sampler started
     sm_clock_mhz: float = math.nan
     temperature_c: float = math.nan
+    # NVML clocks-event reasons, an int bitmask (nvmlClocksEventReason*: 0x1 idle,
+    # 0x4 software power cap, 0x8 hardware slowdown, 0x20/0x40 thermal...); NaN: unknown.
+    throttle_reasons: int | float = math.nan
+    memory_used_bytes: float = math.nan  # of the whole device, every process
+    # Means since the previous read. NVLink: this GPU's; net and ib: the node's, reported
+    # by the first local rank only (NaN on the others).
+    nvlink_rx_bytes_per_s: float = math.nan
+    nvlink_tx_bytes_per_s: float = math.nan
+    net_rx_bytes_per_s: float = math.nan
+    net_tx_bytes_per_s: float = math.nan
+    ib_rx_bytes_per_s: float = math.nan
+    ib_tx_bytes_per_s: float = math.nan
+
+
+@dataclass(frozen=True)
+class _DeviceState:
+    sm_clock_mhz: float = math.nan
+    temperature_c: float = math.nan
+    throttle_reasons: int | float = math.nan
+    memory_used_bytes: float = math.nan
+    nvlink_rx_bytes: float = math.nan  # cumulative, as the driver counts it
+    nvlink_tx_bytes: float = math.nan
+
+
+@dataclass(frozen=True)
+class _Sample:
+    time_s: float  # monotonic
+    energy_j: float = math.nan  # since the sampler started
+    device: _DeviceState = field(default_factory=_DeviceState)
+    node: NodeTotals | None = None
 
 
 class _Nvml:
@@ -48,11 +90,60 @@ class _Nvml:
     def energy_j(self) -> float:
         return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1e3  # mJ -> J
 
-    def extras(self) -> tuple[float, float]:
+    def state(self) -> _DeviceState:
+        """Everything else NVML reads; a query the device does not support gives NaN."""
+        n, h = self._nvml, self._handle
+        # Newer drivers name them clocks-event reasons; the throttle-reasons call is the old name.
+        reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        reasons = reasons or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        rx_bytes, tx_bytes = _or_nan(self._nvlink_bytes, 2)
+        return _DeviceState(
+            sm_clock_mhz=_or_nan(lambda: float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))),
+            temperature_c=_or_nan(
+                lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+            ),
+            throttle_reasons=_or_nan(lambda: int(reasons(h))),
+            memory_used_bytes=_or_nan(lambda: float(n.nvmlDeviceGetMemoryInfo(h).used)),
+            nvlink_rx_bytes=rx_bytes,
+            nvlink_tx_bytes=tx_bytes,
+        )
+
+    def _nvlink_bytes(self) -> tuple[float, float]:
+        """(received, sent) NVLink data payload since the driver loaded, all links summed.
+
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_* are cumulative KiB counters despite the name;
+        pynvml sets scopeId only from a (field, scope) pair, and a bare field reads link 0.
+        """
         n = self._nvml
-        clock = float(n.nvmlDeviceGetClockInfo(self._handle, n.NVML_CLOCK_SM))
-        temp = float(n.nvmlDeviceGetTemperature(self._handle, n.NVML_TEMPERATURE_GPU))
-        return clock, temp
+        fields = [
+            (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_ALL_LINKS),
+            (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_ALL_LINKS),
+        ]
+        rx, tx = n.nvmlDeviceGetFieldValues(self._handle, fields)
+        return _field_value(n, rx) * KIB, _field_value(n, tx) * KIB
+
+
+def _field_value(nvml, value) -> float:
+    """A nvmlFieldValue_t as a float, NaN when its own return code is not success."""
+    if value.nvmlReturn != nvml.NVML_SUCCESS:
+        return math.nan
+    member = {
+        nvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        nvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    }.get(value.valueType, "usVal")
+    return float(getattr(value.value, member))
+
+
+def _or_nan(read: Callable, n: int = 1):
+    """read(), or NaN (n of them) when the device or driver does not support it."""
+    try:
+        return read()
+    except Exception:  # NVMLError_NotSupported and kin: absent, not fatal
+        return math.nan if n == 1 else (math.nan,) * n
 
 
 class _Rapl:
@@ -70,8 +161,8 @@ class _Rapl:
         self._last_uj = now
         return self._total_uj / 1e6  # uJ -> J
 
-    def extras(self) -> tuple[float, float]:
-        return math.nan, math.nan
+    def state(self) -> _DeviceState:
+        return _DeviceState()
 
 
 def open_source(device: torch.device, local_rank: int) -> tuple[object | None, str]:
@@ -97,43 +188,60 @@ def open_source(device: torch.device, local_rank: int) -> tuple[object | None, s
     return None, "; ".join(reasons)
 
 
+def _rate(now: float, before: float, dt_s: float) -> float:
+    """Mean rate of a cumulative counter; NaN without two samples or across a counter reset."""
+    if dt_s <= 0 or now < before:
+        return math.nan
+    return (now - before) / dt_s
+
+
 class PowerSampler:
-    """Samples a source every `interval_s` on a daemon thread; `read()` never blocks on it."""
+    """Samples the sources every `interval_s` on a daemon thread; `read()` never blocks on it."""
 
     def __init__(
         self, device: torch.device, local_rank: int = 0, interval_s: float | None = 0.1
     ) -> None:
+        self._node: NodeCounters | None = None
         if interval_s is None:
             self._source, self.unavailable = None, "power sampling is off (power_interval_s=0)"
+            self.node_unavailable = "node counters are off (power_interval_s=0)"
         else:
             self._source, self.unavailable = open_source(device, local_rank)
+            self._node, self.node_unavailable = _open_node(local_rank)
         self.source = self._source.name if self._source else ""
         self.interval_s = interval_s or 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._start_j = self._energy_now()
-        self._latest = PowerReading()
+        # The baseline of the first rates; energy stays unknown until the thread samples it.
+        self._latest = replace(self._sample(), energy_j=math.nan)
         self._last_read = (time.monotonic(), 0.0)  # (time, energy since start)
+        self._last_sample = self._latest  # the sample the previous read's rates ended at
         self._thread = None
-        if self._source is not None:
+        if self._source is not None or self._node is not None:
             self._thread = threading.Thread(target=self._run, name="trainvitals-power", daemon=True)
             self._thread.start()
 
     def _energy_now(self) -> float:
         return self._source.energy_j() if self._source else math.nan
 
+    def _sample(self) -> _Sample:
+        energy_j = self._energy_now() - self._start_j
+        state = self._source.state() if self._source else _DeviceState()
+        node = self._node.totals() if self._node else None
+        return _Sample(time.monotonic(), energy_j, state, node)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                energy_j = self._energy_now() - self._start_j
-                clock, temp = self._source.extras()
+                sample = self._sample()
             except Exception:
                 continue  # a failed sample is skipped; the next one may succeed
             with self._lock:
-                self._latest = PowerReading(math.nan, energy_j, clock, temp)
+                self._latest = sample
 
     def read(self) -> PowerReading:
-        """Latest sample, with power averaged since the previous read (energy difference)."""
+        """Latest sample, with power and byte rates averaged since the previous read."""
         with self._lock:
             latest = self._latest
         now = time.monotonic()
@@ -142,9 +250,36 @@ class PowerSampler:
         if math.isfinite(latest.energy_j) and now > last_t:
             power = (latest.energy_j - last_j) / (now - last_t)
             self._last_read = (now, latest.energy_j)
-        return PowerReading(power, latest.energy_j, latest.sm_clock_mhz, latest.temperature_c)
+        before, self._last_sample = self._last_sample, latest
+        dt_s = latest.time_s - before.time_s
+        dev, dev_before = latest.device, before.device
+        node = NodeRates()
+        if latest.node is not None and before.node is not None:
+            node = latest.node.rates_since(before.node)
+        return PowerReading(
+            power_w=power,
+            energy_j=latest.energy_j,
+            sm_clock_mhz=dev.sm_clock_mhz,
+            temperature_c=dev.temperature_c,
+            throttle_reasons=dev.throttle_reasons,
+            memory_used_bytes=dev.memory_used_bytes,
+            nvlink_rx_bytes_per_s=_rate(dev.nvlink_rx_bytes, dev_before.nvlink_rx_bytes, dt_s),
+            nvlink_tx_bytes_per_s=_rate(dev.nvlink_tx_bytes, dev_before.nvlink_tx_bytes, dt_s),
+            net_rx_bytes_per_s=node.net_rx_bytes_per_s,
+            net_tx_bytes_per_s=node.net_tx_bytes_per_s,
+            ib_rx_bytes_per_s=node.ib_rx_bytes_per_s,
+            ib_tx_bytes_per_s=node.ib_tx_bytes_per_s,
+        )
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(1.0)
+
+
+def _open_node(local_rank: int) -> tuple[NodeCounters | None, str]:
+    """The node's network counters, on the first local rank only (one node, counted once)."""
+    if local_rank != 0:
+        return None, "net, ib: reported by local rank 0 only (one node, counted once)"
+    counters = NodeCounters()
+    return (counters if counters.available else None), counters.unavailable

@@ -44,3 +44,21 @@ def test_a_flipped_bit_splits_its_replica_group(tmp_path: Path) -> None:
         canary = {row["canary_fingerprint"] for row in ranks[step].values()}
         assert len(canary) == 1  # the arithmetic is fine: only the memory of one rank is
     assert all(row["replica_fingerprint"] is None for row in ranks[1].values())
+
+
+def test_ranks_carry_timing_traffic_and_local_gradient_norms(tmp_path: Path) -> None:
+    """The same kind of run, read for what else each rank reports (exactness of the counts
+    and of the local norm: tests/hooks/test_comms.py)."""
+    telemetry = tmp_path / "run.jsonl"
+    run_trainer(
+        [*("--steps", "4", "--dp", "2", "--tp", "2", "--telemetry-file", str(telemetry))],
+        nproc=4,
+    )
+    rows = [row for by_rank in _ranks(telemetry).values() for row in by_rank.values()]
+    assert len(rows) == 16
+    for row in rows:
+        assert row["grad_norm_local"] > 0 and row["compute_time_s"] > 0
+        assert 0 <= row["data_time_s"] < row["step_time_s"]
+        for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+            assert row[f"{kind}_count"] > 0 and row[f"{kind}_bytes"] > 0, kind
+        assert row["reduce_scatter_time_s"] > 0  # gloo: FSDP's blocking calls are timed
