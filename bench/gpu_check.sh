@@ -21,7 +21,10 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 
 echo "== hooks on CUDA: no host sync, records match torch"
 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -m gpu \
-    "$repo/tests/hooks/test_gpu.py" 2>&1 | tee "$out/gpu_tests.txt"
+    "$repo/tests/hooks/test_gpu.py" "$repo/tests/hooks/test_comms_gpu.py" \
+    "$repo/tests/hooks/test_nvml_gpu.py" 2>&1 | tail -15 | tee "$out/gpu_tests.txt"
+echo "== NVML readings"
+python3 "$repo/bench/nvml_probe.py" 2>&1 | tail -30 | tee "$out/nvml_probe.txt"
 
 if [ "${SKIP_TRAINER:-0}" != 1 ]; then
 echo "== reference trainer on NCCL (torchrun, 1 rank), preset 125m"
@@ -44,6 +47,11 @@ print(f"peak {run['peak_flops_per_s']:.3g} FLOP/s ({run['peak_flops_source']}); 
 r = ranks[-1]
 print(f"last step, rank 0: power {r['power_w']} W, energy {r['energy_j']} J, "
       f"SM clock {r['sm_clock_mhz']} MHz, {r['temperature_c']} C; job energy {last['energy_j']} J")
+print(f"last step, rank 0: compute {r['compute_time_s']} s (CUDA events), data {r['data_time_s']} s, "
+      f"step {r['step_time_s']:.4f} s, memory {r['memory_used_bytes']} B, throttle 0x{r['throttle_reasons'] or 0:x}, "
+      f"all-gather {r['all_gather_count']}/step {r['all_gather_bytes']} B, reduce-scatter {r['reduce_scatter_count']}/step")
+layers = tables["layers"]
+print(f"act_max_abs of the last step's layers: {[round(x['act_max_abs'], 2) for x in layers[-5:]]}")
 prints = {x['canary_fingerprint'] for x in ranks if x['canary_fingerprint'] is not None}
 print(f"canary fingerprints seen: {len(prints)} distinct over the run (1 expected on one healthy GPU)")
 PY
@@ -51,6 +59,6 @@ PY
 fi
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
 echo "== hook overhead on GPU"
-python3 "$repo/bench/hook_overhead.py" --preset 125m --batch 16 --blocks 10 2>&1 | tail -3 | tee "$out/overhead_125m.txt"
+python3 "$repo/bench/hook_overhead.py" --preset 125m --batch 16 --blocks 10 --log-every 10 2>&1 | tail -3 | tee "$out/overhead_125m_every10.txt"
 python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 2>&1 | tail -3 | tee "$out/overhead_1b.txt"
 python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 --log-every 10 2>&1 | tail -3 | tee "$out/overhead_1b_every10.txt"

@@ -40,6 +40,8 @@ def _event() -> torch.cuda.Event:
 class StepTimer:
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self._params = list(model.parameters())
+        self._ours: dict[int, bool] = {}
         self._boundary_s = time.perf_counter()
         self._cpu_s = time.thread_time()
         self._forward_seen = False
@@ -61,7 +63,19 @@ class StepTimer:
                 self._done.append((self._span[0], self._span[1]))
             self._span = [_event()]
 
-    def _optimizer_end(self, *_: Any) -> None:
+    def _is_ours(self, optimizer: torch.optim.Optimizer) -> bool:
+        """The post-hook is global: only an optimizer of this model's parameters counts."""
+        key = id(optimizer)
+        if key not in self._ours:
+            mine = {id(p) for p in self._params}
+            self._ours[key] = any(
+                id(p) in mine for group in optimizer.param_groups for p in group["params"]
+            )
+        return self._ours[key]
+
+    def _optimizer_end(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if not self._is_ours(optimizer):
+            return
         self._boundary_s = time.perf_counter()
         if self.cuda and self._span:
             self._span[1:] = [_event()]

@@ -28,18 +28,39 @@ def _step(model, monitor) -> torch.Tensor:
     return loss
 
 
-def test_logged_steps_never_sync_with_the_host(model) -> None:
-    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e15, log_every=1)
+def test_training_steps_never_sync_with_the_host(model) -> None:
+    """Logged and unlogged steps, optimizer included (the timing hook), under CUDA's
+    sync-debug mode."""
+    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e15, log_every=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     _step(model, monitor)  # first step: one-time set-up (index tensors, pinned buffers)
-    model.zero_grad()
+    opt.step()
+    opt.zero_grad()
     torch.cuda.set_sync_debug_mode("error")  # any synchronising CUDA call now raises
     try:
-        for _ in range(3):
+        for _ in range(4):
             _step(model, monitor)
-            model.zero_grad(set_to_none=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     monitor.close()
+
+
+def test_cuda_compute_time_and_maxima(model) -> None:
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e15, log_every=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(6):
+        _step(model, monitor)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    monitor.close()
+    ranks = out.rows("ranks")
+    timed = [r["compute_time_s"] for r in ranks if r["compute_time_s"] is not None]
+    assert len(timed) >= 3 and all(0 < t < 10 for t in timed), timed
+    assert all(r["memory_used_bytes"] > 0 for r in ranks[1:])
+    assert all(r["act_max_abs"] > 0 for r in out.rows("layers"))
 
 
 def test_records_on_cuda_match_torch(model) -> None:
