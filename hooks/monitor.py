@@ -278,32 +278,42 @@ class Monitor:
     # ------------------------------------------------------------------ hot path (no sync)
 
     def _reset_activations(self) -> None:
-        """Sums of squares of block outputs: taken on logged steps only."""
+        """Sums of squares and non-finite counts of block outputs: logged steps only."""
         n = len(self.layers.names)
         self._act_sumsq = torch.zeros(n, dtype=torch.float64, device=self.device)
+        self._act_nonfinite = torch.zeros(n, dtype=torch.float64, device=self.device)
         self._act_count = [0.0] * n  # element counts are known on the host
 
     def _reset_accumulators(self) -> None:
-        """What every step adds to, between logged steps: maxima and non-finite counts."""
+        """What every step adds to between logged steps: maxima and non-finite steps."""
         n = len(self.layers.names)
+        self._step_max = torch.zeros(n, dtype=torch.float64, device=self.device)
         self._act_max = torch.zeros(n, dtype=torch.float64, device=self.device)
-        self._act_nonfinite = torch.zeros(n, dtype=torch.float64, device=self.device)
-        self._loss_nonfinite = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._act_bad_steps = torch.zeros(n, dtype=torch.float64, device=self.device)
+        self._bad_steps = torch.zeros((), dtype=torch.float64, device=self.device)
+
+    def _fold_step(self, loss: torch.Tensor) -> None:
+        """End of every step: fold its maxima into the running ones. A non-finite value
+        anywhere in an output makes its max-abs non-finite, so steps that held one are
+        counted from the maxima alone: one read of each output per step, no more."""
+        bad = ~torch.isfinite(self._step_max)
+        self._act_max = torch.maximum(self._act_max, self._step_max)  # NaN stays NaN
+        self._act_bad_steps += bad
+        self._bad_steps += bad.any() | ~torch.isfinite(loss)
+        self._step_max.zero_()
 
     def _activation_hook(self, index: int) -> Callable:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
             out = output[0] if isinstance(output, tuple) else output
             weight = replication_weight(out) if out is not local(out) else self._plain_weight
             out = local(out).detach()
-            # Every step: a spike or a NaN between logged steps is not lost. The max of
-            # copies is the max of one; counts are weighted like sums.
-            max_abs = torch.linalg.vector_norm(out, ord=math.inf, dtype=torch.float32).double()
-            self._act_max[index] = torch.maximum(self._act_max[index], max_abs)
-            self._act_nonfinite[index] += (~torch.isfinite(out)).sum() * weight
+            # Every step, one pass: the max of copies is the max of one.
+            self._step_max[index] = torch.linalg.vector_norm(out, ord=math.inf)
             if not self._active:
                 return
             sumsq = torch.linalg.vector_norm(out, dtype=torch.float32).double().square()
             self._act_sumsq[index] += sumsq * weight
+            self._act_nonfinite[index] += (out.numel() - torch.isfinite(out).sum()) * weight
             self._act_count[index] += out.numel() * weight
 
         return hook
@@ -361,7 +371,7 @@ class Monitor:
         step_time_s, self._last_step_end = now - self._last_step_end, now
         data_time_s, compute_time_s = self.timer.step()
         loss = loss.detach()
-        self._loss_nonfinite += (~torch.isfinite(loss)).sum() * self._plain_weight
+        self._fold_step(loss)
         if self._active:
             timing = {
                 "step_time_s": step_time_s,
@@ -430,10 +440,11 @@ class Monitor:
         vec = torch.cat(
             [grad_sumsq, self._act_sumsq, host[:n], param_sumsq, update_sumsq,
              grad_nonfinite, self._act_nonfinite,
-             loss * (tokens * w), host[n : n + 1], self._loss_nonfinite.reshape(1),
-             slots.flatten()]
+             loss * (tokens * w), host[n : n + 1], slots.flatten()]
         )  # fmt: skip
-        vec_max = self._act_max.clone()
+        # A bad step is seen by several ranks (tp copies, dp peers after the reduction): the
+        # count travels as a max, the most steps any one rank saw, not once per rank.
+        vec_max = torch.cat([self._act_max, self._act_bad_steps, self._bad_steps.reshape(1)])
         wait = _no_wait
         if self.distributed:
             # Maxima cannot ride the SUM: a second, small reduction right behind it.

@@ -4,10 +4,14 @@ Every rank fills the same float64 vector; a SUM all-reduce then yields global va
 
     [grad_sumsq | act_sumsq | act_count | param_sumsq | update_sumsq
      | grad_nonfinite | act_nonfinite  (L each)
-     | loss*tokens | tokens | loss_nonfinite | rank slots x W*S]
+     | loss*tokens | tokens | rank slots x W*S]
 
 Maxima cannot ride a SUM, so a second, small vector goes through a MAX all-reduce issued
-right after the first on the same group: [act_max_abs (L)].
+right after the first on the same group:
+
+    [act_max_abs (L) | act_nonfinite_steps (L) | nonfinite_steps]
+
+all three over every step since the previous logged one.
 
 Sums of squares and counts are already weighted by 1/copies (see layers.py), so the sum
 over ranks counts every element once. Each rank writes only its own rank slot (the S
@@ -80,9 +84,9 @@ _PER_LAYER = (
     "param_sumsq",
     "update_sumsq",
     "grad_nonfinite",  # non-finite gradient values of the logged step
-    "act_nonfinite",  # non-finite block-output values of every step since the last logged one
+    "act_nonfinite",  # non-finite block-output values of the logged step
 )
-_PER_STEP = ("loss_x_tokens", "tokens", "loss_nonfinite")
+_PER_STEP = ("loss_x_tokens", "tokens")
 
 
 @dataclass(frozen=True)
@@ -171,9 +175,8 @@ def append_step(
         # Job totals over the ranks that report power; None when none does.
         power_w=float(np.nansum(power)) if np.isfinite(power).any() else None,
         energy_j=float(np.nansum(energy)) if np.isfinite(energy).any() else None,
-        nonfinite_count=round(
-            grad_nonfinite.sum() + act_nonfinite.sum() + layout.per_step(v, "loss_nonfinite")
-        ),
+        nonfinite_count=round(grad_nonfinite.sum() + act_nonfinite.sum()),
+        nonfinite_steps=round(v_max[-1]),
         telemetry_dropped=meta.telemetry_dropped,
     )
     act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
@@ -187,6 +190,7 @@ def append_step(
             grad_norm=math.sqrt(grad_sumsq[layer]),
             act_rms=float(act_rms[layer]),
             act_max_abs=float(v_max[layer]),
+            act_nonfinite_steps=round(v_max[layout.n_layers + layer]),
             param_norm=float(param_norm[layer]),
             # The change made by the optimizer step just before this step; None on a
             # run's first logged step, which no optimizer step precedes.

@@ -9,6 +9,15 @@ appends whole tables to DuckDB.
      "steps":  {"step": [10, 11], "loss": [2.31, 2.29], ...},
      "layers": {"step": [10, 10], "layer": [0, 1], "grad_norm": [...], ...}}
 
+The msgpack form of a batch is the same document, except that a numeric column may also
+travel as one binary value instead of a list: a msgpack `bin` holding the column's values
+as little-endian int64 or float64 (the field's dtype), 8 bytes per row. A column with nulls
+is a map {"data": bin, "valid": bin}, `valid` being a bitmap of ceil(rows / 8) bytes, bit i
+(least significant first, as in Arrow) set when row i has a value. The collector wraps
+those bytes in Arrow arrays without copying or creating a Python object per value, which
+is what lets one collector ingest millions of values a second (docs/scaling.md);
+`encode_msgpack` writes that form from numpy or pyarrow columns.
+
 Every table and field is declared once, below. The DuckDB tables, the validation of
 incoming batches and the producers' builders are all derived from these declarations, so
 adding a field is a one-place change: append a `Field(...)` to its table. A field added
@@ -22,6 +31,7 @@ Names carry units: `_s` seconds, `_per_s` per second, `_ratio` a dimensionless f
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,8 +147,14 @@ STEPS = Table(
         Field(
             "nonfinite_count",
             "int64",
-            "non-finite values seen: gradients of this step, block outputs and losses of "
-            "every step since the previous logged step",
+            "non-finite values in this step's gradients and block outputs",
+            required=False,
+        ),
+        Field(
+            "nonfinite_steps",
+            "int64",
+            "steps since the previous logged step (this one included) whose loss or block "
+            "outputs held a non-finite value",
             required=False,
         ),
         Field(
@@ -162,8 +178,8 @@ LAYERS = Table(
         Field(
             "act_max_abs",
             "float64",
-            "largest |activation| of the layer output over every step since the previous "
-            "logged step",
+            "largest |activation| of the layer output over the steps since the previous "
+            "logged step (this one included)",
             required=False,
             finite=False,
         ),
@@ -190,7 +206,14 @@ LAYERS = Table(
         Field(
             "act_nonfinite_count",
             "int64",
-            "non-finite values of the layer output over every step since the previous logged step",
+            "non-finite values in the layer output at this step",
+            required=False,
+        ),
+        Field(
+            "act_nonfinite_steps",
+            "int64",
+            "steps since the previous logged step (this one included) whose layer output "
+            "held a non-finite value",
             required=False,
         ),
     ),
@@ -256,7 +279,7 @@ RANKS = Table(
             for kind in ("all_gather", "reduce_scatter", "all_reduce")
             for what, dtype, doc in (
                 ("count", "float64", "collectives issued"),
-                ("bytes", "float64", "bytes this rank sent and received"),
+                ("bytes", "float64", "bytes of their buffers (nccl-tests' algorithm bytes)"),
                 ("time_s", "float64", "time the collectives took (where the backend reports it)"),
             )
         ),
@@ -387,7 +410,10 @@ def decode_json(body: bytes) -> dict[str, Any]:
 
 
 def decode_msgpack(body: bytes) -> dict[str, Any]:
-    """Parse a msgpack batch body (the same document as JSON; NaN and inf are native floats)."""
+    """Parse a msgpack batch body: the JSON document, where numeric columns may also be binary.
+
+    NaN and inf are native floats; a `bin` column stays bytes until `to_arrow` wraps it.
+    """
     import msgpack
 
     try:
@@ -402,6 +428,10 @@ def to_arrow(doc: Any) -> tuple[str, dict[str, Any]]:
     Either the whole batch is valid and every table converts, or SchemaError is raised
     and nothing is returned: a receiver that stores only what this returns stores nothing
     half-way. Returns (run_id, {table name: pyarrow.Table with a run_id column first}).
+
+    A column may be a list (JSON, msgpack), a binary column (bytes, or {"data", "valid"}
+    from msgpack, see the module docstring), or, in the same process, a numpy or pyarrow
+    array (the fleet simulator's documents).
     """
     import pyarrow as pa
 
@@ -433,39 +463,195 @@ def _table_to_arrow(spec: Table, columns: Any, run_id: str, pa: Any) -> Any:
     unknown = set(columns) - set(spec.by_name)
     if unknown:
         raise SchemaError(f"{spec.name}: unknown fields {sorted(unknown)}")
-    lengths = {k: len(v) for k, v in columns.items() if isinstance(v, list)}
-    not_lists = [k for k, v in columns.items() if not isinstance(v, list)]
-    if not_lists:
-        raise SchemaError(f"{spec.name}.{not_lists[0]}: must be a list")
+    # Every given column becomes an Arrow array first (naming the field if it cannot)...
+    given = {
+        f.name: _as_arrow(f"{spec.name}.{f.name}", f, columns[f.name], pa)
+        for f in spec.fields
+        if columns.get(f.name) is not None
+    }
+    lengths = {name: len(arr) for name, arr in given.items()}
     if len(set(lengths.values())) > 1:
         raise SchemaError(f"{spec.name}: columns have different lengths {lengths}")
     n_rows = next(iter(lengths.values()), 0)
-    arrays = [pa.array([run_id] * n_rows, type=pa.string())]
+    # ... then each is checked against its declaration, with vectorised kernels.
+    arrays = [pa.repeat(pa.scalar(run_id, pa.string()), n_rows)]
     for f in spec.fields:
-        arrays.append(_column_to_arrow(spec.name, f, columns.get(f.name), n_rows, pa))
+        arrays.append(_checked(f"{spec.name}.{f.name}", f, given.get(f.name), n_rows, pa))
     names = ["run_id", *(f.name for f in spec.fields)]
     return pa.Table.from_arrays(arrays, names=names)
 
 
-def _column_to_arrow(table: str, f: Field, values: list | None, n_rows: int, pa: Any) -> Any:
-    where = f"{table}.{f.name}"
-    if values is None:
+def _checked(where: str, f: Field, arr: Any, n_rows: int, pa: Any) -> Any:
+    if arr is None:
         if f.required:
             raise SchemaError(f"{where}: required field is missing")
-        values = [None] * n_rows
-    if f.dtype == "float64" and not f.finite:
-        values = [_WIRE_TO_NONFINITE.get(v, v) if isinstance(v, str) else v for v in values]
-    if f.dtype in ("int64", "float64") and any(isinstance(v, bool) for v in values):
-        raise SchemaError(f"{where}: expected {f.dtype}, got a boolean")
-    try:
-        arr = pa.array(values, type=DTYPES[f.dtype][1])
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-        raise SchemaError(f"{where}: expected {f.dtype} values ({e})") from e
+        return pa.nulls(n_rows, type=pa.type_for_alias(DTYPES[f.dtype][1]))
     if f.required and arr.null_count:
         raise SchemaError(f"{where}: required field has null values")
-    if f.dtype == "float64" and f.finite:
+    if f.dtype == "float64" and f.finite and len(arr):
         import pyarrow.compute as pc
 
-        if not pc.all(pc.is_finite(arr.fill_null(0.0))).as_py():
+        values = arr.fill_null(0.0) if arr.null_count else arr
+        if not pc.all(pc.is_finite(values)).as_py():
             raise SchemaError(f"{where}: values must be finite numbers")
     return arr
+
+
+# Binary columns: little-endian values of the field's dtype (numpy's names for them).
+_BINARY_DTYPES = {"int64": "<i8", "float64": "<f8"}
+
+
+def _as_arrow(where: str, f: Field, values: Any, pa: Any) -> Any:
+    """One wire column -> a pyarrow array of the field's type, or SchemaError naming it."""
+    if isinstance(values, list):
+        return _list_to_arrow(where, f, values, pa)
+    if isinstance(values, bytes | bytearray | memoryview):
+        return _binary_to_arrow(where, f, values, None, pa)
+    if isinstance(values, dict):
+        if set(values) != {"data", "valid"}:
+            raise SchemaError(f"{where}: a binary column with nulls is {{data, valid}}")
+        return _binary_to_arrow(where, f, values["data"], values["valid"], pa)
+    import numpy as np
+
+    if isinstance(values, np.ndarray):
+        return _numpy_to_arrow(where, f, values, pa)
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return _cast(where, f, values, pa)
+    raise SchemaError(f"{where}: must be a list (or a binary column), got {type(values).__name__}")
+
+
+def _list_to_arrow(where: str, f: Field, values: list, pa: Any) -> Any:
+    types = set(map(type, values))  # one pass in C, instead of isinstance per value
+    if f.dtype in ("int64", "float64") and bool in types:
+        raise SchemaError(f"{where}: expected {f.dtype}, got a boolean")
+    if f.dtype == "float64" and not f.finite and str in types:
+        values = [_WIRE_TO_NONFINITE.get(v, v) if isinstance(v, str) else v for v in values]
+    try:
+        return pa.array(values, type=DTYPES[f.dtype][1])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        raise SchemaError(f"{where}: expected {f.dtype} values ({e})") from e
+
+
+def _binary_to_arrow(where: str, f: Field, data: Any, valid: Any, pa: Any) -> Any:
+    """Wrap a binary column's bytes in an Arrow array without copying them."""
+    if f.dtype not in _BINARY_DTYPES:
+        raise SchemaError(f"{where}: a {f.dtype} column must be a list, not binary")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise SchemaError(f"{where}: binary column data must be bytes")
+    size = memoryview(data).nbytes
+    if size % 8:
+        raise SchemaError(f"{where}: {size} bytes is not a whole number of 8-byte {f.dtype} values")
+    n = size // 8
+    bitmap = None
+    if valid is not None:
+        if not isinstance(valid, bytes | bytearray | memoryview):
+            raise SchemaError(f"{where}: binary column valid bitmap must be bytes")
+        if memoryview(valid).nbytes != (n + 7) // 8:
+            raise SchemaError(
+                f"{where}: valid bitmap of {memoryview(valid).nbytes} bytes for {n} values; "
+                f"expected {(n + 7) // 8}"
+            )
+        bitmap = pa.py_buffer(valid)
+    if sys.byteorder != "little":  # Arrow buffers are native-endian
+        import numpy as np
+
+        data = np.frombuffer(data, _BINARY_DTYPES[f.dtype]).astype(f.dtype).tobytes()
+    arrow_type = pa.type_for_alias(DTYPES[f.dtype][1])
+    return pa.Array.from_buffers(arrow_type, n, [bitmap, pa.py_buffer(data)])
+
+
+def _numpy_to_arrow(where: str, f: Field, values: Any, pa: Any) -> Any:
+    if values.ndim != 1:
+        raise SchemaError(f"{where}: must be one-dimensional, got shape {values.shape}")
+    kind = values.dtype.kind
+    if f.dtype in ("int64", "float64") and kind == "b":
+        raise SchemaError(f"{where}: expected {f.dtype}, got a boolean")
+    numeric_ok = {"int64": "iu", "float64": "iuf"}.get(f.dtype, "")
+    if kind == "O" or (f.dtype == "string" and kind in "UST"):
+        return _list_to_arrow(where, f, values.tolist(), pa)
+    if kind not in numeric_ok:
+        raise SchemaError(f"{where}: expected {f.dtype} values, got numpy {values.dtype}")
+    return pa.array(values.astype(f.dtype, copy=False))
+
+
+def _cast(where: str, f: Field, values: Any, pa: Any) -> Any:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    target = pa.type_for_alias(DTYPES[f.dtype][1])
+    if values.type == target:
+        return values
+    if pa.types.is_boolean(values.type):
+        raise SchemaError(f"{where}: expected {f.dtype}, got a boolean")
+    accepted = pa.types.is_integer(values.type) or (
+        f.dtype == "float64" and pa.types.is_floating(values.type)
+    )
+    if not accepted:
+        raise SchemaError(f"{where}: expected {f.dtype} values, got {values.type}")
+    return values.cast(target)
+
+
+# ---------------------------------------------------------------------------- producer side
+
+
+def encode_msgpack(doc: dict[str, Any]) -> bytes:
+    """A batch document -> msgpack, numeric array columns as binary columns.
+
+    numpy and pyarrow columns of numeric fields travel as `bin` (nulls in a {data, valid}
+    map); lists travel as msgpack arrays, as `BatchBuilder.to_msgpack` sends them. A
+    16,384-row float64 column is one 128 KiB memcpy on either side instead of 16,384
+    msgpack floats and Python objects.
+    """
+    import msgpack
+
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        spec = TABLES.get(key)
+        if spec is None or not isinstance(value, dict):
+            out[key] = value
+            continue
+        out[key] = {name: _binary_column(spec, name, col) for name, col in value.items()}
+    return msgpack.packb(out)
+
+
+def _binary_column(spec: Table, name: str, column: Any) -> Any:
+    f = spec.by_name.get(name)
+    if f is None:
+        raise SchemaError(f"{spec.name}: unknown field {name!r}")
+    if isinstance(column, list) or f.dtype not in _BINARY_DTYPES:
+        return column
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(column, np.ndarray):
+        if column.dtype.kind == "b":
+            raise SchemaError(f"{spec.name}.{name}: expected {f.dtype}, got a boolean")
+        return memoryview(np.ascontiguousarray(column, dtype=_BINARY_DTYPES[f.dtype]))
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if isinstance(column, pa.Array):
+        data = np.ascontiguousarray(
+            column.fill_null(0).to_numpy(zero_copy_only=False), dtype=_BINARY_DTYPES[f.dtype]
+        )
+        if not column.null_count:
+            return memoryview(data)
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        return {"data": memoryview(data), "valid": np.packbits(valid, bitorder="little").tobytes()}
+    raise SchemaError(f"{spec.name}.{name}: cannot encode a {type(column).__name__} column")
+
+
+def encode_json(doc: dict[str, Any]) -> bytes:
+    """A batch document (array columns too) -> JSON, non-finite floats as the wire strings."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in TABLES and isinstance(value, dict):
+            value = {name: _json_column(col) for name, col in value.items()}
+        out[key] = value
+    return orjson.dumps(out)
+
+
+def _json_column(column: Any) -> list:
+    if not isinstance(column, list):
+        column = column.tolist() if hasattr(column, "tolist") else column.to_pylist()
+    if any(isinstance(v, float) and not math.isfinite(v) for v in column):
+        column = [_to_wire(v) for v in column]
+    return column

@@ -117,9 +117,32 @@ def test_maxima_and_nonfinite_counts_accumulate_between_logged_steps(model) -> N
     steps = {r["step"]: r for r in out.rows("steps")}
     assert layer0[4]["act_max_abs"] == pytest.approx(max(seen_max[1:5]), rel=1e-6)
     assert layer0[4]["act_max_abs"] > 50 * layer0[0]["act_max_abs"]  # the spike at step 2
-    assert layer0[0]["act_nonfinite_count"] == 0 and layer0[4]["act_nonfinite_count"] == 0
-    assert layer0[8]["act_nonfinite_count"] == 3  # the NaNs of step 5
-    assert steps[8]["nonfinite_count"] >= 3 and steps[4]["nonfinite_count"] == 0
+    assert layer0[4]["act_nonfinite_steps"] == 0 and steps[4]["nonfinite_steps"] == 0
+    assert layer0[8]["act_nonfinite_steps"] == 1  # step 5's NaNs, seen although unlogged
+    assert steps[8]["nonfinite_steps"] == 1
+    assert layer0[8]["act_max_abs"] == "NaN"  # on the wire: JSON has no NaN literal
+    assert layer0[8]["act_nonfinite_count"] == 0  # the values of step 8 itself are finite
+
+
+def test_nonfinite_values_of_a_logged_step_are_counted(model) -> None:
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=1, peak_flops_per_s=1e12, run_id="t")
+
+    def poison(_m, _i, output):
+        output = output.clone()
+        output[0, 0, :3] = float("inf")
+        return output
+
+    model.layers[0].register_forward_hook(poison, prepend=True)
+    x = torch.randint(0, 256, (2, 16))
+    F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+    monitor.step(loss=torch.tensor(1.0), tokens=32)
+    monitor.close()
+    layer0 = next(r for r in out.rows("layers") if r["layer"] == 1)
+    assert layer0["act_nonfinite_count"] == 3 and layer0["act_nonfinite_steps"] == 1
+    (step,) = out.rows("steps")
+    grad_bad = sum(r["nonfinite_count"] for r in out.rows("layers"))
+    assert grad_bad > 0 and step["nonfinite_count"] >= 3 + grad_bad
 
 
 def test_data_time_is_the_wait_before_forward(model) -> None:
