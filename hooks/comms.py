@@ -18,8 +18,10 @@ What is counted, and where:
       forward when the output comes back whole (output_layouts=Replicate()).
   Sequence parallelism (Shard(1) activation layouts) is not recognised, and a forward that
   activation checkpointing runs twice counts its colwise backward all-reduce twice.
+- DDP: a comm hook counts each gradient bucket's all-reduce and reads the bucket's local
+  gradients before delegating to DDP's default all-reduce.
 - Not counted: collectives issued outside the model (gradient clipping's norm, the monitor's
-  own all-reduce), DDP's gradient buckets, HSDP's replica all-reduce.
+  own all-reduce), HSDP's replica all-reduce.
 
 Bytes are nccl-tests' "algorithm bytes", the buffer size of the collective: all-gather its
 output, reduce-scatter its input, all-reduce its tensor. The bytes one rank puts on the
@@ -358,6 +360,7 @@ class CommsMeter:
         device: torch.device,
         *,
         time_collectives: bool | None = None,
+        ddp: nn.Module | None = None,
     ) -> None:
         # time_collectives: turn NCCL collective timing on (None: only if
         # TORCH_NCCL_ENABLE_TIMING=1 already did). Costs a CUDA event pair per collective
@@ -384,7 +387,8 @@ class CommsMeter:
             self._reasons.append(f"FSDP comms: {e}")
             self.covers_grads, fsdp = False, True
         tp = mesh is not None and "tp" in (mesh.mesh_dim_names or ()) and self._install_tp(model)
-        if dist.is_initialized() and dist.get_world_size() > 1 and not (fsdp or tp):
+        ddp_counted = ddp is not None and self._install_ddp(ddp)
+        if dist.is_initialized() and dist.get_world_size() > 1 and not (fsdp or tp or ddp_counted):
             self._measured.clear()
             self._reasons.append(
                 "no FSDP2 or tensor-parallel modules: collectives are not counted (DDP's "
@@ -488,6 +492,42 @@ class CommsMeter:
                 hook = _colwise_hook(self._tally, timed, full_width)
             self._restore.append(module.register_forward_hook(hook).remove)
         return found
+
+    def _install_ddp(self, ddp: nn.Module) -> bool:
+        """DDP: a comm hook that counts each gradient bucket's all-reduce and, while armed,
+        adds the bucket's still-local gradients into local_grad_sumsq before delegating to
+        DDP's default all-reduce. DDP takes one comm hook: if the user set theirs, ours
+        stands aside."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        group = ddp.process_group
+        timing, tally = self._timing_of(group), self._tally
+
+        # No annotations: DDP checks them against its own types, which postponed
+        # annotations (strings) would fail.
+        def hook(_state, bucket):
+            grads = bucket.buffer()
+            if self.armed:
+                self._add_local_sumsq(grads, 1.0)
+            tally.add("all_reduce", grads.numel() * grads.element_size(), timing != "none")
+            start_s = time.perf_counter()
+            fut = allreduce_hook(group, bucket)
+            if timing != "host":
+                return fut
+
+            def timed(f: torch.futures.Future) -> torch.Tensor:
+                tally.add_time("all_reduce", time.perf_counter() - start_s)
+                return f.value()
+
+            return fut.then(timed)
+
+        try:
+            ddp.register_comm_hook(None, hook)
+        except RuntimeError as e:  # a comm hook is already registered, or training began
+            self._reasons.append(f"DDP: our comm hook could not be registered ({e})")
+            return False
+        self.covers_grads = True
+        return True
 
     # ------------------------------------------------------------------ hot path (no sync)
 

@@ -151,18 +151,24 @@ def attach(
     Telemetry goes to `exporter`, else to the collector at `collector_url`, else nowhere.
     Keyword arguments are MonitorConfig fields. Collective: every rank must call it.
     """
-    if isinstance(model, DistributedDataParallel):
-        model = model.module  # its layers are the inner model's
+    ddp = model if isinstance(model, DistributedDataParallel) else None
+    if ddp is not None:
+        model = ddp.module  # its layers are the inner model's
     if exporter is None and collector_url:
         rank = dist.get_rank() if dist.is_initialized() else 0
         exporter = HttpExporter(collector_url, spool_dir=default_spool_dir(rank))
     exporter = exporter or NullExporter()
-    return Monitor(model, mesh, exporter, MonitorConfig(**config))
+    return Monitor(model, mesh, exporter, MonitorConfig(**config), ddp=ddp)
 
 
 class Monitor:
     def __init__(
-        self, model: nn.Module, mesh: DeviceMesh | None, exporter: Exporter, cfg: MonitorConfig
+        self,
+        model: nn.Module,
+        mesh: DeviceMesh | None,
+        exporter: Exporter,
+        cfg: MonitorConfig,
+        ddp: DistributedDataParallel | None = None,
     ) -> None:
         self.cfg = cfg
         self.exporter = exporter
@@ -193,7 +199,9 @@ class Monitor:
         self._snapshot: list[torch.Tensor] | None = None
         self.replica = ReplicaFingerprint(self.params, mesh, self.world_size)
         self.timer = StepTimer(model, self.device)
-        self.comms = CommsMeter(model, mesh, self.device, time_collectives=cfg.time_collectives)
+        self.comms = CommsMeter(
+            model, mesh, self.device, time_collectives=cfg.time_collectives, ddp=ddp
+        )
         self._last_logged = cfg.first_step - 1
 
         self.step_count = cfg.first_step
@@ -424,7 +432,7 @@ class Monitor:
         grad_sumsq, grad_nonfinite = self._grad_sumsq_and_nonfinite()
         slot = host[n + 1 :].clone()
         slot[_LOSS] = loss[0]
-        if self.comms.covers_grads:  # FSDP: read from its reduce-scatter input
+        if self.comms.covers_grads:  # FSDP, DDP: read before the reduction
             slot[_GRAD_LOCAL] = local_grad_sumsq
         elif not self.distributed:  # one process: its gradients are the local ones
             slot[_GRAD_LOCAL] = grad_sumsq.sum()

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
+
 from tests.hooks.test_exactness import _assert_close, _telemetry
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
@@ -26,3 +28,23 @@ def test_ddp_run_matches_single_process(tmp_path: Path) -> None:
     assert len(ref_steps) == 4 and len(ref_layers) == 4 * 5
     _assert_close(steps, ref_steps, "step")
     _assert_close(layers, ref_layers, "layer")
+    # Each rank's own gradients, read in DDP's comm hook before the all-reduce, and the
+    # buckets' traffic: every float32 gradient once per step.
+    n_params, ranks = _params_and_ranks(two)
+    assert len(ranks) == 8
+    for step in range(4):
+        local = [r["grad_norm_local"] for r in ranks if r["step"] == step]
+        assert all(x > 0 for x in local) and local[0] != local[1]
+    assert all(r["all_reduce_bytes"] == 4 * n_params and r["all_reduce_count"] >= 1 for r in ranks)
+    assert all(r["all_reduce_time_s"] > 0 for r in ranks)
+
+
+def _params_and_ranks(path: Path) -> tuple[int, list[dict]]:
+    n_params, rows = 0, []
+    for line in path.read_bytes().splitlines():
+        batch = orjson.loads(line)
+        if r := batch.get("runs"):
+            n_params = r["n_params"][0]
+        if t := batch.get("ranks"):
+            rows += [dict(zip(t, values, strict=True)) for values in zip(*t.values(), strict=True)]
+    return n_params, rows
