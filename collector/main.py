@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from . import ingest, metrics, query
+from . import ingest, metrics, otlp, query
 from .settings import Settings
 from .store import Store
 
@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ingest.router)
     app.include_router(query.router)
     app.include_router(metrics.router)
+    app.include_router(otlp.router)  # POST /v1/metrics, see docs/otlp.md
     return app
 
 

@@ -28,6 +28,7 @@ class TrainConfig:
     corpus_bytes: int = 2_000_000
     collector: str = ""  # collector base URL; empty: no HTTP export
     telemetry_file: str = ""  # also append every telemetry batch to this JSON-lines file
+    otlp_endpoint: str = ""  # also send OTLP/HTTP metrics here, e.g. http://host:4318/v1/metrics
     run_id: str = ""
     log_every: int = 1  # the small reference runs log every step; the hooks default to 10
     peak_flops_per_s: float = 0.0  # 0: from the device table or measured
@@ -72,6 +73,10 @@ class TrainConfig:
             )
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("TrainConfig: lr must be > 0 and min_lr_ratio in [0, 1]")
+        if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise ValueError(
+                f"TrainConfig.otlp_endpoint must be an http(s) URL, got {self.otlp_endpoint!r}"
+            )
         if self.collector and not self.collector.startswith(("http://", "https://")):
             raise ValueError(
                 f"TrainConfig.collector must be an http(s) URL, got {self.collector!r}"

@@ -60,6 +60,10 @@ def make_exporter(cfg: TrainConfig, rank: int):
         exporters.append(HttpExporter(cfg.collector, spool_dir=default_spool_dir(rank)))
     if cfg.telemetry_file and rank == 0:
         exporters.append(JsonlExporter(cfg.telemetry_file))
+    if cfg.otlp_endpoint and rank == 0:  # only rank 0 exports; others need no SDK import
+        from trainvitals.hooks.otlp import OtlpExporter
+
+        exporters.append(OtlpExporter(cfg.otlp_endpoint))
     return MultiExporter(exporters) if exporters else NullExporter()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from trainvitals.trainer import config as train_config
@@ -39,6 +40,9 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     print(
         f"trainvitals collector on http://{args.host}:{args.port} {mode} {args.store}", flush=True
     )
+    # uvicorn shuts down gracefully on SIGTERM (the store flushed and closed), then raises
+    # the signal again to the previous handler: a no-op one makes the exit status 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -75,14 +79,14 @@ def _import(args: argparse.Namespace, _rest: list[str]) -> int:
 
     from trainvitals.importer import run_import
 
-    return run_import(Path(args.path), args.collector, args.token)
+    return run_import(Path(args.path), args.collector, args.token, args.batch_rows)
 
 
 def _replay(args: argparse.Namespace, _rest: list[str]) -> int:
     import duckdb
     import orjson
 
-    from trainvitals.analyzer.replay import comparable, replay_store, stored_alerts
+    from trainvitals.analyzer.replay import comparable, replay_store, store_goodput, stored_alerts
 
     try:
         con = duckdb.connect(args.store, read_only=True)
@@ -97,6 +101,10 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int:
     verdict = "identical to" if same else "DIFFERENT from"
     print(f"{len(replayed)} alerts replayed, {verdict} the {len(live)} the collector raised",
           file=sys.stderr)  # fmt: skip
+    # Goodput per run: a line for people, then the same as JSON (stdout stays alerts only).
+    for g in store_goodput(con):
+        print(g.summary(), file=sys.stderr)
+        print("goodput " + orjson.dumps(g.to_dict()).decode(), file=sys.stderr)
     return 0 if same or not args.check else 1
 
 
@@ -123,6 +131,50 @@ def _export(args: argparse.Namespace, _rest: list[str]) -> int:
         return f"error: {e}"
     print(", ".join(f"{n} {t}" for t, n in written.items()) + f" rows written to {args.out}")
     return 0
+
+
+def _simulate(args: argparse.Namespace, _rest: list[str]) -> int | str:
+    import time
+
+    from trainvitals.simulate import FleetSpec, simulate
+
+    spec = FleetSpec(
+        ranks=args.ranks,
+        layers=args.layers,
+        step_time_s=args.step_time,
+        steps=args.steps,
+        seed=args.seed,
+        log_every=args.log_every,
+        canary_every=args.canary_every,
+        faults=tuple(args.fault),
+        run_id=args.run_id,
+        ranks_per_node=args.ranks_per_node,
+        start_unix_s=args.start_unix_s or time.time(),
+    )  # validates every flag before anything is sent
+    docs = simulate(spec, per_node=args.per_node)
+    if args.out:
+        from trainvitals.schema import encode_json
+
+        n = 0
+        with open(args.out, "wb") as f:
+            for n, doc in enumerate(docs, start=1):  # noqa: B007 - n counts the batches
+                f.write(encode_json(doc) + b"\n")
+        print(f"run {spec.run_id}: {n} batches written to {args.out}")
+        return 0
+    from trainvitals.sender import send
+
+    report = send(
+        docs,
+        args.collector,
+        connections=args.connections,
+        batch_points=args.batch_points,
+        token=args.token,
+        wire=args.wire,
+    )
+    print(f"run {spec.run_id}: {report.summary()}")
+    for detail in report.rejected[:5]:
+        print(f"rejected: {detail}", file=sys.stderr)
+    return 1 if report.rejected else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -188,13 +240,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "import",
-        help="load a telemetry file or spool directory into a collector",
-        description="Send recorded telemetry (a --telemetry-file, or a spool directory) to a "
-        "collector. Safe to repeat: nothing is stored twice.",
+        help="load a telemetry file, spool directory or Parquet export into a collector",
+        description="Send recorded telemetry (a --telemetry-file, a spool directory, or a "
+        "folder written by `trainvitals export`) to a collector through its ingest API. "
+        "Safe to repeat: nothing is stored twice.",
     )
-    p.add_argument("path", help="JSON-lines telemetry file, or spool directory")
+    p.add_argument(
+        "path", help="JSON-lines telemetry file, spool directory, or Parquet export folder"
+    )
     p.add_argument("--collector", default="http://127.0.0.1:8000", help="collector base URL")
     p.add_argument("--token", default="", help="bearer token, if the collector requires one")
+    p.add_argument(
+        "--batch-rows", type=_positive_int, default=5000,
+        help="rows per batch sent from a Parquet export (default 5000; whole steps)",
+    )  # fmt: skip
     p.set_defaults(func=_import)
 
     p = sub.add_parser(
@@ -230,6 +289,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_export)
 
     p = sub.add_parser(
+        "simulate",
+        help="simulate the telemetry of an N-rank job, with faults, into a collector or a file",
+        description="Generate realistic telemetry of a training job (timing, power, losses, "
+        "per-layer and per-rank statistics, SDC fingerprints), inject faults with ground "
+        "truth as events, and send it to a collector (binary msgpack, several connections) "
+        "or write it as JSON lines (`trainvitals import` loads them).",
+    )
+    p.add_argument("--ranks", type=int, required=True, help="ranks (devices) of the job")
+    p.add_argument("--layers", type=int, required=True, help="layers the hooks report")
+    p.add_argument("--step-time", type=float, required=True, help="nominal step time, seconds")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="a seed fixes every value")
+    p.add_argument("--log-every", type=int, default=1, help="steps between logged steps")
+    p.add_argument("--canary-every", type=int, default=50, help="steps between SDC canaries")
+    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument(
+        "--fault", action="append", default=[], metavar="SPEC",
+        help="inject a fault, e.g. straggler:rank=3,step=100,slowdown=0.2 (repeatable); "
+        "kinds: straggler, sdc, spike, nan, stall, throttle",
+    )  # fmt: skip
+    p.add_argument("--run-id", default="", help="default: sim-<seed>")
+    p.add_argument("--start-unix-s", type=float, default=0, help="start time (default: now)")
+    p.add_argument("--per-node", action="store_true", help="send ranks rows in one batch per node")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--collector", help="collector base URL, e.g. http://127.0.0.1:8000")
+    where.add_argument("--out", help="write JSON lines to this file instead")
+    p.add_argument("--connections", type=int, default=4, help="concurrent connections")
+    p.add_argument("--batch-points", type=int, default=250_000, help="values per request")
+    p.add_argument("--wire", choices=["msgpack", "json"], default="msgpack")
+    p.add_argument("--token", default="", help="bearer token, if the collector requires one")
+    p.set_defaults(func=_simulate)
+
+    p = sub.add_parser(
         "plan",
         help="FLOPs, days and energy of a training run, before it starts",
         description="Estimate a run's compute (6 N D), wall time and energy.",
@@ -258,6 +350,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(args.func(args, rest))
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _without_flag(argv: list[str], flag: str) -> list[str]:

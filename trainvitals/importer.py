@@ -1,8 +1,11 @@
-"""`trainvitals import`: load telemetry recorded offline into a collector.
+"""`trainvitals import`: load recorded telemetry into a collector, through its ingest API.
 
-Takes a JSON-lines file written by the hooks' JsonlExporter (`--telemetry-file`), or a
-spool directory left by an HttpExporter that could not reach its collector. Each batch is
-stored whole or not at all, and keys make a second import of the same file a no-op.
+Takes a JSON-lines file written by the hooks' JsonlExporter (`--telemetry-file`), a spool
+directory left by an HttpExporter that could not reach its collector, or a Parquet export
+written by `trainvitals export` (collector/export.py). An export is cut into batches of
+whole steps, at most `batch_rows` rows each, sent as msgpack (which keeps NaN and inf).
+Each batch is stored whole or not at all, and keys make a second import a no-op. The
+receiving collector writes its own store (invariant 4) and raises the alerts again.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+
+JSON = "application/json"
+MSGPACK = "application/msgpack"
 
 
 def batches(path: Path) -> Iterator[tuple[str, bytes]]:
@@ -25,27 +31,69 @@ def batches(path: Path) -> Iterator[tuple[str, bytes]]:
                 yield f"line {number}", line
 
 
-def run_import(path: Path, collector: str, token: str = "") -> int:
+def export_batches(path: Path, batch_rows: int) -> Iterator[tuple[str, bytes]]:
+    """(where, msgpack body) of every batch of a Parquet export, run by run, in step order."""
+    import msgpack
+
+    from trainvitals.collector.export import read_export
+
+    for where, doc in read_export(path, batch_rows):
+        yield where, msgpack.packb(doc)
+
+
+def _source(path: Path, batch_rows: int) -> tuple[Iterator[tuple[str, bytes]], str]:
+    """The batches at `path` and their content type; ValueError if it holds none we know."""
+    from trainvitals.collector.export import is_export
+
+    if is_export(path):
+        return export_batches(path, batch_rows), MSGPACK
+    if path.is_dir() and any(p.suffix not in (".json", ".tmp") for p in path.iterdir()):
+        raise ValueError(
+            f"{path} is neither a Parquet export (folders runs/, steps/, ... written by "
+            "`trainvitals export`) nor a spool directory (numbered .json batches)"
+        )
+    return batches(path), JSON
+
+
+def run_import(path: Path, collector: str, token: str = "", batch_rows: int = 5000) -> int:
     if not path.exists():
         print(f"error: {path} does not exist")
         return 2
-    headers = {"content-type": "application/json"}
+    try:
+        source, ctype = _source(path, batch_rows)
+    except ValueError as e:
+        print(f"error: {e}")
+        return 2
+    headers = {"content-type": ctype}
     if token:
         headers["authorization"] = f"Bearer {token}"
     url = collector.rstrip("/") + "/api/v1/ingest"
     stored = rejected = 0
     with httpx.Client(timeout=30, headers=headers) as client:
-        for where, body in batches(path):
-            try:
-                resp = client.post(url, content=body)
-            except httpx.HTTPError as e:
-                print(f"error: cannot reach {url} ({e}); {stored} batches stored so far")
-                return 1
-            if resp.status_code < 300:
-                stored += 1
-            else:
-                rejected += 1
-                detail = resp.json().get("detail", resp.text) if resp.content else resp.status_code
-                print(f"{path}, {where}: rejected ({resp.status_code}): {detail}")
+        try:
+            for where, body in source:
+                try:
+                    resp = client.post(url, content=body)
+                except httpx.HTTPError as e:
+                    print(f"error: cannot reach {url} ({e}); {stored} batches stored so far")
+                    return 1
+                if resp.status_code < 300:
+                    stored += 1
+                else:
+                    rejected += 1
+                    print(f"{path}, {where}: rejected ({resp.status_code}): {_detail(resp)}")
+        except ValueError as e:  # an export that cannot be read (damaged Parquet, ...)
+            print(f"error: {e}; {stored} batches stored so far")
+            return 2
     print(f"{stored} batches stored, {rejected} rejected, from {path}")
     return 1 if rejected else 0
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "detail" in doc:
+        return str(doc["detail"])
+    return resp.text or str(resp.status_code)

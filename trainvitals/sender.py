@@ -1,0 +1,226 @@
+"""Send schema batch documents to a collector: batched, binary msgpack, several connections.
+
+    report = send(simulate(spec), "http://127.0.0.1:8000", connections=4)
+    print(report.summary())
+
+Consecutive documents are merged into one batch of about `batch_points` values (exporters
+send one batch per interval, not one per step), encoded with `schema.encode_msgpack`
+(numeric columns as binary) and POSTed by `connections` threads, each with a connection
+of its own. A batch the collector cannot take now (503, a network error) is resent after
+a back-off; one it refuses (4xx) is counted and named in the report, not resent. Batches
+may be committed out of order across connections: the collector's live analysis waits a
+moment and reads the store in step order (collector/analysis.py), so that costs nothing.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from trainvitals.schema import DTYPES, TABLES, encode_json, encode_msgpack
+
+_STOP = object()
+RETRY_LIMIT = 20  # attempts per batch before the sender gives up on it
+
+
+@dataclass
+class SendReport:
+    """What was sent and what the collector answered."""
+
+    batches: int = 0
+    rows_sent: Counter = field(default_factory=Counter)  # by table, every batch posted
+    rows: Counter = field(default_factory=Counter)  # by table, acknowledged (202)
+    points: int = 0  # non-null numeric values acknowledged
+    bytes: int = 0
+    latencies_s: list[float] = field(default_factory=list)  # per acknowledged request
+    retries: int = 0
+    rejected: list[str] = field(default_factory=list)  # the collector's reason, per batch
+    elapsed_s: float = 0.0
+
+    def summary(self) -> str:
+        lat = np.percentile(self.latencies_s, [50, 99]) * 1e3 if self.latencies_s else (0, 0)
+        rate = self.points / self.elapsed_s if self.elapsed_s else 0.0
+        rows = ", ".join(f"{n:,} {t}" for t, n in sorted(self.rows.items()))
+        return (
+            f"{self.batches:,} batches ({self.bytes / 1e6:,.0f} MB) in {self.elapsed_s:.1f} s: "
+            f"{rows}; {self.points:,} points, {rate:,.0f} points/s; request latency p50 "
+            f"{lat[0]:.0f} ms, p99 {lat[1]:.0f} ms; {self.retries} retries, "
+            f"{len(self.rejected)} rejected"
+        )
+
+
+def points(doc: dict[str, Any]) -> int:
+    """Numeric values in a document: one per non-null cell of an int64 or float64 field."""
+    total = 0
+    for name, spec in TABLES.items():
+        for col, values in doc.get(name, {}).items():
+            if spec.by_name[col].dtype == "string":
+                continue
+            if isinstance(values, list):
+                total += sum(v is not None for v in values)
+            else:
+                total += len(values) - getattr(values, "null_count", 0)
+    return total
+
+
+def rows(doc: dict[str, Any]) -> Counter:
+    return Counter({name: len(next(iter(doc[name].values()))) for name in TABLES if name in doc})
+
+
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document holding the rows of `docs` (one run), in order; absent columns -> null."""
+    if len(docs) == 1:
+        return docs[0]
+    out = {k: docs[0][k] for k in ("schema_version", "run_id")}
+    for name, spec in TABLES.items():
+        parts = [d[name] for d in docs if name in d]
+        if not parts:
+            continue
+        sizes = [len(next(iter(p.values()))) for p in parts]
+        present = [f for f in spec.fields if any(f.name in p for p in parts)]
+        out[name] = {f.name: _concat(f, [p.get(f.name) for p in parts], sizes) for f in present}
+    return out
+
+
+def _concat(f: Any, columns: list, sizes: list[int]) -> Any:
+    if all(isinstance(c, list) for c in columns):
+        return [v for c in columns for v in c]
+    if all(isinstance(c, np.ndarray) for c in columns):
+        return np.concatenate(columns)
+    arrow_type = pa.type_for_alias(DTYPES[f.dtype][1])
+    return pa.concat_arrays(
+        [
+            pa.nulls(n, arrow_type) if c is None else pa.array(c, type=arrow_type)
+            for c, n in zip(columns, sizes, strict=True)
+        ]
+    )
+
+
+def batches(
+    docs: Iterable[dict[str, Any]], batch_points: int, deadline: float | None = None
+) -> Iterator[list[dict[str, Any]]]:
+    """Consecutive documents of one run, grouped into lists of about `batch_points` values."""
+    group: list[dict[str, Any]] = []
+    size = 0
+    for doc in docs:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if group and doc["run_id"] != group[0]["run_id"]:
+            yield group
+            group, size = [], 0
+        group.append(doc)
+        size += points(doc)
+        if size >= batch_points:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
+def send(
+    docs: Iterable[dict[str, Any]],
+    url: str,
+    *,
+    connections: int = 4,
+    batch_points: int = 250_000,
+    token: str = "",
+    wire: str = "msgpack",
+    duration_s: float | None = None,
+    rate: float | None = None,
+    timeout_s: float = 60.0,
+) -> SendReport:
+    """POST `docs` to the collector at `url`; returns once every batch is answered.
+
+    `rate` paces sending to about that many points per second (None: as fast as the
+    collector takes them); `duration_s` stops taking documents after that many seconds.
+    """
+    import httpx
+
+    if connections < 1 or batch_points < 1:
+        raise ValueError("send: connections and batch_points must be >= 1")
+    if rate is not None and rate <= 0:
+        raise ValueError(f"send: rate must be > 0 points/s, got {rate}")
+    if wire not in ("msgpack", "json"):
+        raise ValueError(f"send: wire must be 'msgpack' or 'json', got {wire!r}")
+    encode = encode_msgpack if wire == "msgpack" else encode_json
+    headers = {"content-type": f"application/{wire}"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    report = SendReport()
+    lock = threading.Lock()
+    work: queue.Queue = queue.Queue(maxsize=2 * connections)  # bounded: memory stays flat
+    endpoint = url.rstrip("/") + "/api/v1/ingest"
+
+    def worker() -> None:
+        with httpx.Client(timeout=timeout_s, headers=headers) as client:
+            while (item := work.get()) is not _STOP:
+                result = _post(client, endpoint, item[0])
+                with lock:
+                    _account(report, item, result)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    deadline = None if duration_s is None else start + duration_s
+    offered = 0
+    try:
+        for group in batches(docs, batch_points, deadline):
+            doc = merge(group)
+            item = (encode(doc), rows(doc), points(doc))
+            if rate is not None:  # this batch leaves when the rate allows it
+                time.sleep(max(0.0, start + offered / rate - time.monotonic()))
+            offered += item[2]
+            report.rows_sent.update(item[1])  # only this thread writes rows_sent
+            work.put(item)
+    finally:
+        for _ in threads:
+            work.put(_STOP)
+        for t in threads:
+            t.join()
+    report.elapsed_s = time.monotonic() - start
+    return report
+
+
+def _post(client: Any, endpoint: str, body: bytes) -> tuple[str, float, int, str]:
+    """('ok' | 'rejected' | 'failed', seconds of the last attempt, retries, detail)."""
+    import httpx
+
+    detail = ""
+    for attempt in range(RETRY_LIMIT):
+        began = time.perf_counter()
+        try:
+            resp = client.post(endpoint, content=body)
+        except httpx.HTTPError as e:
+            detail = str(e)
+        else:
+            took = time.perf_counter() - began
+            if resp.status_code < 300:
+                return "ok", took, attempt, ""
+            detail = f"{resp.status_code}: {resp.text}"
+            if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
+                return "rejected", took, attempt, detail
+        time.sleep(min(2.0, 0.05 * 2**attempt))  # the collector is behind: back off
+    return "failed", 0.0, RETRY_LIMIT, detail
+
+
+def _account(report: SendReport, item: tuple, result: tuple[str, float, int, str]) -> None:
+    body, n_rows, n_points = item
+    outcome, took, retries, detail = result
+    report.retries += retries
+    if outcome != "ok":
+        report.rejected.append(detail)
+        return
+    report.batches += 1
+    report.rows.update(n_rows)
+    report.points += n_points
+    report.bytes += len(body)
+    report.latencies_s.append(took)

@@ -1,0 +1,463 @@
+"""Fleet simulator: the telemetry of an N-rank training job, with injected faults and ground truth.
+
+    spec = FleetSpec(ranks=1024, layers=32, step_time_s=2.0, steps=500,
+                     faults=("straggler:rank=3,step=100,slowdown=0.2",))
+    for doc in simulate(spec):      # schema batch documents, as the hooks send them
+        ...
+
+The first document holds the run's `runs` row; then one document per logged step holds its
+steps row, its L layers rows and its N ranks rows (rank 0 of a real job gathers every rank's
+values with one all-reduce and sends them together, see hooks/records.py); with
+`per_node=True` the ranks rows travel in one document per node instead. Numeric columns are
+numpy arrays (what `trainvitals.schema.to_arrow` and `encode_msgpack` take), so a step of a
+16,384-rank job costs a few milliseconds to make.
+
+What it models, per logged step:
+- timing: each rank's compute time is the job's nominal compute x its device's fixed speed
+  (1% spread) x per-step noise (1%) x a slow job-wide drift (1.5% amplitude, 24 h period,
+  like a data centre's daily temperature cycle); ranks then wait at the step's
+  synchronisation point for the last one to arrive, and every rank's step ends together;
+- device: power, cumulative energy, SM clock, temperature, memory, throttle reasons;
+- collectives (FSDP: all-gather and reduce-scatter per layer) and node network counters;
+- training: loss on a power-law curve with noise, learning rate with linear warm-up and
+  cosine decay, global and per-layer gradient norms, activation RMS, parameter norm and
+  update RMS (about the learning rate, as with Adam);
+- SDC canary fingerprints every `canary_every` steps (one value every healthy rank shares)
+  and replica fingerprints per replica group (the ranks of one local rank index across
+  nodes, as in HSDP: shard within a node, replicate across nodes).
+
+Faults (`parse_fault`, the trainer's `--inject` syntax) change those values from their step
+on, and each is recorded as an `events` row `fault:<kind>` (rank, step, detail JSON): the
+ground truth detectors are scored against. See FAULTS for the kinds and their parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainvitals.schema import SCHEMA_VERSION
+
+# kind -> (required parameters, optional parameters with their defaults)
+FAULTS: dict[str, tuple[set[str], dict[str, float]]] = {
+    # the rank computes `slowdown` x longer from `step` on
+    "straggler": ({"rank", "step", "slowdown"}, {}),
+    # from `step` on the rank's canary and replica fingerprints are wrong and its local
+    # gradient norm is `grad_factor` x the others'
+    "sdc": ({"rank", "step"}, {"grad_factor": 30.0}),
+    # the loss jumps to `factor` x its curve at `step` and recovers over a few steps
+    "spike": ({"step"}, {"factor": 3.0}),
+    # loss, gradient norms and the second half of the layers' gradients are NaN at `step`
+    "nan": ({"step"}, {}),
+    # `step` takes `seconds` longer: on `rank` (its data loading; the others wait for it),
+    # or on every rank when no rank is given (a shared filesystem, a checkpoint)
+    "stall": ({"step", "seconds"}, {"rank": -1}),
+    # from `step` on the rank's SM clock is `clock_drop` lower (so it computes slower) and
+    # NVML reports `reasons` (default 0x20, software thermal slowdown)
+    "throttle": ({"rank", "step"}, {"clock_drop": 0.3, "reasons": 0x20}),
+}
+_INT_PARAMS = {"rank", "step", "reasons"}
+
+# Nominal device: an H100 SXM (bf16 dense peak 989 TFLOP/s; 700 W board power).
+PEAK_FLOPS_PER_S = 989e12
+POWER_W = 680.0
+SM_CLOCK_MHZ = 1980.0
+TARGET_MFU = 0.4  # sets tokens per step so that achieved MFU is realistic
+HIDDEN, VOCAB = 4096, 128_256  # model shape: 12 d^2 parameters per block (Kaplan et al. 2020)
+# Fractions of the nominal step: compute, data loading, exposed communication after the
+# synchronisation point.
+COMPUTE_FRACTION, DATA_FRACTION = 0.85, 0.01
+TAIL_FRACTION = 1.0 - COMPUTE_FRACTION - DATA_FRACTION
+DRIFT, DAY_S = 0.015, 86_400.0
+LOSS_START, LOSS_FLOOR, LOSS_TAU_STEPS, LOSS_POWER = 11.0, 1.8, 100.0, 0.4
+PEAK_LR = 3e-4
+FINGERPRINT_MASK = (1 << 52) - 1  # fingerprints are 52-bit: exact in a float64
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault; `params` holds the kind's other parameters (see FAULTS)."""
+
+    kind: str
+    step: int
+    rank: int = -1  # -1: the whole job
+    params: dict[str, float] = field(default_factory=dict)
+
+    def detail(self) -> str:
+        """The events row's detail: the parameters other than rank and step, as JSON."""
+        return json.dumps(self.params, sort_keys=True)
+
+
+def parse_fault(spec: str) -> Fault:
+    """'straggler:rank=3,step=100,slowdown=0.2' -> Fault. ValueError says what is wrong."""
+    kind, _, rest = spec.partition(":")
+    if kind not in FAULTS:
+        raise ValueError(f"fault {spec!r}: unknown kind {kind!r}; one of {sorted(FAULTS)}")
+    required, optional = FAULTS[kind]
+    allowed = required | set(optional)
+    params: dict[str, float] = dict(optional)
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in allowed:
+            raise ValueError(f"fault {spec!r}: unexpected {item!r}; {kind} takes {sorted(allowed)}")
+        try:
+            params[key] = float(int(value, 0)) if key in _INT_PARAMS else float(value)
+        except ValueError:
+            whole = "a whole number" if key in _INT_PARAMS else "a number"
+            raise ValueError(f"fault {spec!r}: {key} must be {whole}, got {value!r}") from None
+    missing = required - set(params)
+    if missing:
+        raise ValueError(f"fault {spec!r}: missing {sorted(missing)}")
+    step, rank = int(params.pop("step")), int(params.pop("rank", -1))
+    if step < 0 or (rank < 0 and "rank" in required) or rank < -1:
+        raise ValueError(f"fault {spec!r}: step and rank must be >= 0")
+    _check_range(spec, params)
+    return Fault(kind, step, rank, params)
+
+
+def _check_range(spec: str, p: dict[str, float]) -> None:
+    limits = {
+        "slowdown": (0, 10, "in (0, 10]"),
+        "grad_factor": (1, math.inf, "> 1"),
+        "factor": (1, math.inf, "> 1"),
+        "seconds": (0, math.inf, "> 0"),
+        "clock_drop": (0, 0.99, "in (0, 0.99]"),
+        "reasons": (0, 2**32 - 1, "a bitmask in [1, 2^32)"),
+    }
+    for key, value in p.items():
+        low, high, words = limits[key]
+        if not (low < value <= high) or (key == "reasons" and value != int(value)):
+            raise ValueError(f"fault {spec!r}: {key} must be {words}, got {value:g}")
+
+
+@dataclass
+class FleetSpec:
+    """What to simulate. `faults` takes Fault objects or spec strings (see parse_fault)."""
+
+    ranks: int
+    layers: int
+    step_time_s: float
+    steps: int
+    seed: int = 0
+    log_every: int = 1
+    canary_every: int = 50
+    faults: tuple = ()
+    run_id: str = ""  # "": sim-<seed>
+    ranks_per_node: int = 8
+    start_unix_s: float = 1.7e9  # fixed, so that a seed fixes every value
+
+    def __post_init__(self) -> None:
+        for name in ("ranks", "layers", "steps", "log_every", "ranks_per_node"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"FleetSpec.{name} must be a whole number >= 1")
+        if not self.step_time_s > 0:
+            raise ValueError(f"FleetSpec.step_time_s must be > 0, got {self.step_time_s}")
+        if self.canary_every < 0 or self.canary_every % self.log_every:
+            raise ValueError(
+                "FleetSpec.canary_every must be 0 (off) or a multiple of log_every "
+                f"({self.log_every}), got {self.canary_every}"
+            )
+        self.faults = tuple(parse_fault(f) if isinstance(f, str) else f for f in self.faults)
+        for f in self.faults:
+            if f.rank >= self.ranks:
+                raise ValueError(f"fault {f.kind}: rank {f.rank} >= ranks ({self.ranks})")
+        self.run_id = self.run_id or f"sim-{self.seed}"
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.ranks / self.ranks_per_node)
+
+
+def simulate(spec: FleetSpec, per_node: bool = False) -> Iterator[dict[str, Any]]:
+    """Schema batch documents of the run: its runs row first, then each logged step's."""
+    fleet = _Fleet(spec)
+    yield _doc(spec, runs=fleet.runs_row())
+    previous = -1
+    for step in range(0, spec.steps, spec.log_every):
+        tables = fleet.step(step, previous)
+        previous = step
+        if step + spec.log_every >= spec.steps:  # the last logged step: a clean end
+            end = {"step": [spec.steps], "rank": [-1], "kind": ["run_end"],
+                   "detail": ['{"telemetry_dropped": 0}'], "time_unix_s": [fleet.now]}  # fmt: skip
+            tables["events"] = _concat_events(tables.get("events"), end)
+        if not per_node:
+            yield _doc(spec, **tables)
+            continue
+        ranks = tables.pop("ranks")
+        rpn = spec.ranks_per_node
+        for node in range(spec.nodes):
+            mine = {k: v[node * rpn : (node + 1) * rpn] for k, v in ranks.items()}
+            yield _doc(spec, **tables, ranks=mine) if node == 0 else _doc(spec, ranks=mine)
+
+
+def _doc(spec: FleetSpec, **tables: Any) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "run_id": spec.run_id, **tables}
+
+
+def _concat_events(a: dict | None, b: dict) -> dict:
+    return b if a is None else {k: a[k] + b[k] for k in a}
+
+
+def fingerprints(seed: int, step: int, salt: np.ndarray) -> np.ndarray:
+    """52-bit fingerprints, one per `salt` value (splitmix64 finaliser; Steele et al. 2014)."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed * 0x9E3779B97F4A7C15 + step & (2**64 - 1)) + salt.astype(np.uint64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z & np.uint64(FINGERPRINT_MASK)).astype(np.int64)
+
+
+class _Fleet:
+    """The job's state between logged steps, and the arithmetic of one logged step."""
+
+    def __init__(self, spec: FleetSpec) -> None:
+        self.spec = spec
+        n, n_layers = spec.ranks, spec.layers
+        self.rng = rng = np.random.default_rng(spec.seed)
+        self.speed = rng.normal(1.0, 0.01, n).clip(0.96, 1.04)  # each device's own pace
+        self.power_base = rng.normal(POWER_W, 12.0, n)
+        self.temp_base = rng.normal(62.0, 2.5, n)
+        self.memory = rng.normal(62e9, 0.5e9, n)
+        self.energy = np.zeros(n)
+        self.rank = np.arange(n, dtype=np.int64)
+        self.node = self.rank // spec.ranks_per_node
+        self.group = self.rank % min(spec.ranks_per_node, n)
+        # Per-layer shapes: embedding and output layers differ from the blocks.
+        depth = np.linspace(0.0, 1.0, n_layers)
+        self.grad_share = np.sqrt(rng.dirichlet(np.full(n_layers, 20.0)))
+        self.act_base = 1.0 + 0.5 * depth
+        self.param_base = np.sqrt(12 * HIDDEN * HIDDEN) * 0.02 * (1 + 0.2 * depth)
+        self.n_params = n_layers * 12 * HIDDEN * HIDDEN + 2 * VOCAB * HIDDEN
+        # 6 N D training FLOPs without embeddings or attention (Kaplan et al. 2020, sec. 2.1).
+        self.flops_per_token = 6.0 * (self.n_params - VOCAB * HIDDEN)
+        tokens = TARGET_MFU * PEAK_FLOPS_PER_S * n * spec.step_time_s / self.flops_per_token
+        self.tokens_per_step = max(n, round(tokens))
+        self.warmup = max(1, min(2000, spec.steps // 20))
+        self.now = spec.start_unix_s
+        self.by_kind = {k: [f for f in spec.faults if f.kind == k] for k in FAULTS}
+
+    def runs_row(self) -> dict[str, list]:
+        s = self.spec
+        names = [f"layers.{i}" for i in range(s.layers)]
+        hosts = [f"node{node:05d}" for node in self.node.tolist()]
+        config = {"dim": HIDDEN, "n_layers": s.layers, "vocab_size": VOCAB}
+        row = {
+            "started_unix_s": s.start_unix_s,
+            "model": "simulated",
+            "model_config_json": json.dumps(config),
+            "n_params": self.n_params,
+            "n_layers": s.layers,
+            "layer_names_json": json.dumps(names),
+            "world_size": s.ranks,
+            "dp": s.nodes,
+            "tp": 1,
+            "device_type": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3 (simulated)",
+            "hosts_json": json.dumps(hosts),
+            "flops_per_token": self.flops_per_token,
+            "peak_flops_per_s": PEAK_FLOPS_PER_S,
+            "peak_flops_source": "table:H100",
+            "power_source": "nvml",
+            "power_unavailable": "",
+            "token_target": self.tokens_per_step * s.steps,
+        }
+        return {k: [v] for k, v in row.items()}
+
+    def lr(self, step: int) -> float:
+        """Linear warm-up, then cosine decay to 10% of the peak."""
+        if step < self.warmup:
+            return PEAK_LR * (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.spec.steps - self.warmup)
+        return PEAK_LR * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+    def _active(self, kind: str, step: int) -> list[Fault]:
+        return [f for f in self.by_kind[kind] if step >= f.step]
+
+    def _at(self, kind: str, step: int) -> list[Fault]:
+        return [f for f in self.by_kind[kind] if f.step == step]
+
+    def step(self, step: int, previous: int) -> dict[str, dict]:
+        """Tables of logged step `step`; `previous` is the logged step before it (-1: none)."""
+        s, rng, n = self.spec, self.rng, self.spec.ranks
+        # Every draw happens on every step, faults or not: one seed gives the same noise with
+        # and without a fault, so a faulty run differs from its clean twin by the fault only.
+        noise = rng.lognormal(0.0, 0.01, n)
+        data_noise = rng.lognormal(0.0, 0.3, n)
+        end_jitter = np.abs(rng.normal(0.0, 1e-4, n))
+        clock_noise = np.abs(rng.normal(0.0, 8.0, n))
+        power_noise = rng.normal(0.0, 5.0, n)
+        temp_noise = rng.normal(0.0, 0.3, n)
+        mem_noise = rng.normal(0.0, 5e7, n)
+        local_loss_noise = rng.normal(0.0, 0.03, n)
+        local_grad_noise = rng.normal(0.0, 0.03, n)
+        comm_noise = rng.lognormal(0.0, 0.05, (3, n))
+        layer_noise = rng.lognormal(0.0, 0.05, (3, s.layers))
+        act_peak = rng.uniform(15.0, 40.0, s.layers)
+        loss_noise, grad_noise = rng.normal(0.0, 0.01), rng.lognormal(0.0, 0.05)
+
+        # Timing: compute, then wait at the synchronisation point for the last rank.
+        drift = 1 + DRIFT * math.sin(2 * math.pi * (self.now - s.start_unix_s) / DAY_S)
+        compute = s.step_time_s * COMPUTE_FRACTION * drift / self.speed * noise
+        clock = SM_CLOCK_MHZ - clock_noise
+        reasons = np.zeros(n, dtype=np.int64)
+        power_factor = np.ones(n)
+        temp_extra = np.zeros(n)
+        for f in self._active("straggler", step):
+            compute[f.rank] *= 1 + f.params["slowdown"]
+        for f in self._active("throttle", step):
+            drop = f.params["clock_drop"]
+            compute[f.rank] /= 1 - drop  # work per clock cycle is fixed
+            clock[f.rank] *= 1 - drop
+            reasons[f.rank] |= int(f.params["reasons"])
+            power_factor[f.rank] = 1 - drop / 2
+            temp_extra[f.rank] = 12.0
+        data = s.step_time_s * DATA_FRACTION * data_noise
+        stalled = 0.0
+        for f in self._at("stall", step):
+            if f.rank < 0:
+                data += f.params["seconds"]
+            else:
+                data[f.rank] += f.params["seconds"]
+        # Stalls on steps that are not logged still pass time.
+        for f in self.by_kind["stall"]:
+            if previous < f.step < step:
+                stalled += f.params["seconds"]
+        arrival = data + compute
+        release = arrival.max()
+        wait = release - arrival
+        rank_step_time = release + s.step_time_s * TAIL_FRACTION + end_jitter
+        step_time = float(rank_step_time.max())
+        gap = step - previous
+        elapsed = (gap - 1) * s.step_time_s * drift + step_time + stalled
+        self.now += elapsed
+        busy = compute / (compute + wait)
+        power = (self.power_base * (0.85 + 0.15 * busy) + power_noise) * power_factor
+        self.energy += power * elapsed
+        tokens_per_s = self.tokens_per_step / step_time
+        tflops = tokens_per_s * self.flops_per_token / n / 1e12
+
+        # Training curves.
+        lr = self.lr(step)
+        curve = LOSS_FLOOR + (LOSS_START - LOSS_FLOOR) * (1 + step / LOSS_TAU_STEPS) ** -LOSS_POWER
+        spike = 1.0 + sum(
+            (f.params["factor"] - 1) * math.exp(-(step - f.step) / 3.0)
+            for f in self._active("spike", step)
+        )
+        local_loss = curve * spike * (1 + loss_noise) * (1 + local_loss_noise)
+        grad_scale = (0.3 + 2.0 * math.exp(-step / self.warmup)) * grad_noise * spike**2
+        layer_grad = grad_scale * self.grad_share * layer_noise[0]
+        layer_nonfinite = np.zeros(s.layers, dtype=np.int64)
+        nan = bool(self._at("nan", step))
+        if nan:
+            local_loss[:] = math.nan
+            layer_grad[s.layers // 2 :] = math.nan
+            layer_nonfinite[s.layers // 2 :] = 12 * HIDDEN * HIDDEN
+        grad_norm = float(np.sqrt(np.sum(layer_grad**2)))
+        grad_local = grad_norm * (1.3 + local_grad_noise)
+        for f in self._active("sdc", step):
+            grad_local[f.rank] *= f.params["grad_factor"]
+        growth = math.log1p(step / 1000)
+
+        steps = {
+            "step": np.array([step], dtype=np.int64),
+            "time_unix_s": np.array([self.now]),
+            "loss": np.array([float(local_loss.mean())]),
+            "grad_norm": np.array([grad_norm]),
+            "lr": np.array([lr]),
+            "tokens": np.array([self.tokens_per_step], dtype=np.int64),
+            "step_time_s": np.array([step_time]),
+            "tokens_per_s": np.array([tokens_per_s]),
+            "tflops_per_s_per_device": np.array([tflops]),
+            "mfu_ratio": np.array([tflops * 1e12 / PEAK_FLOPS_PER_S]),
+            "power_w": np.array([power.sum()]),
+            "energy_j": np.array([self.energy.sum()]),
+            "nonfinite_count": np.array([layer_nonfinite.sum() + (n if nan else 0)]),
+            "telemetry_dropped": np.zeros(1, dtype=np.int64),
+        }
+        act_rms = self.act_base * (1 + 0.1 * growth) * layer_noise[1]
+        layers = {
+            "step": np.full(s.layers, step, dtype=np.int64),
+            "layer": np.arange(s.layers, dtype=np.int64),
+            "grad_norm": layer_grad,
+            "act_rms": act_rms,
+            "act_max_abs": act_rms * act_peak,
+            "param_norm": self.param_base * (1 + 0.05 * growth),
+            "nonfinite_count": layer_nonfinite,
+            "act_nonfinite_count": np.zeros(s.layers, dtype=np.int64),
+        }
+        if previous >= 0:  # no optimizer step precedes the first logged step: null
+            layers["update_rms"] = lr * (0.8 + 0.2 * layer_noise[2])
+
+        # Collectives (FSDP: all-gather in forward and backward, reduce-scatter of gradients)
+        # move about the whole model through every rank once each, in bf16.
+        layer_bytes = 2.0 * self.n_params
+        tokens_rank = self.tokens_per_step / n
+        nodes_bytes_per_s = 3 * layer_bytes / step_time
+        ranks = {
+            "step": np.full(n, step, dtype=np.int64),
+            "rank": self.rank,
+            "step_time_s": rank_step_time,
+            "tokens_per_s": tokens_rank / rank_step_time,
+            "loss": local_loss,
+            "grad_norm_local": grad_local,
+            "compute_time_s": compute,
+            "data_time_s": data,
+            "wait_time_s": wait,
+            "power_w": power,
+            "energy_j": self.energy.copy(),
+            "sm_clock_mhz": clock,
+            "temperature_c": self.temp_base + 0.03 * (power - POWER_W) + temp_extra + temp_noise,
+            "all_gather_count": np.full(n, 2.0 * s.layers),
+            "all_gather_bytes": 2 * layer_bytes * comm_noise[0],
+            "all_gather_time_s": 0.25 * s.step_time_s * comm_noise[0],
+            "reduce_scatter_count": np.full(n, float(s.layers)),
+            "reduce_scatter_bytes": layer_bytes * comm_noise[1],
+            "reduce_scatter_time_s": 0.15 * s.step_time_s * comm_noise[1],
+            "all_reduce_count": np.full(n, 2.0),
+            "all_reduce_bytes": np.full(n, 16.0),
+            "all_reduce_time_s": wait + 1e-4 * comm_noise[2],  # the sync point includes the wait
+            "net_rx_bytes_per_s": 2e8 * comm_noise[2],
+            "net_tx_bytes_per_s": 1e8 * comm_noise[2],
+            "ib_rx_bytes_per_s": nodes_bytes_per_s * comm_noise[0],
+            "ib_tx_bytes_per_s": nodes_bytes_per_s * comm_noise[1],
+            "nvlink_rx_bytes_per_s": 4 * nodes_bytes_per_s * comm_noise[0],
+            "nvlink_tx_bytes_per_s": 4 * nodes_bytes_per_s * comm_noise[1],
+            "throttle_reasons": reasons,
+            "memory_used_bytes": self.memory + mem_noise,
+        }
+        if nan:
+            ranks["grad_norm_local"] = np.full(n, math.nan)
+        if s.canary_every and step % s.canary_every == 0:
+            ranks.update(self._fingerprints(step))
+        tables = {"steps": steps, "layers": layers, "ranks": ranks}
+        events = [f for f in s.faults if previous < f.step <= step]
+        if events:
+            tables["events"] = {
+                "step": [f.step for f in events],
+                "rank": [f.rank for f in events],
+                "kind": [f"fault:{f.kind}" for f in events],
+                "detail": [f.detail() for f in events],
+                "time_unix_s": [self.now] * len(events),
+            }
+        return tables
+
+    def _fingerprints(self, step: int) -> dict[str, np.ndarray]:
+        seed = self.spec.seed
+        canary = fingerprints(seed, step, np.zeros(self.spec.ranks, dtype=np.int64))
+        replica = fingerprints(seed, step, self.group + 1)
+        for f in self._active("sdc", step):
+            # A faulty unit flips low bits of what it computes; any flip changes a checksum.
+            canary[f.rank] ^= 1 + f.rank % 7
+            replica[f.rank] ^= 1 + f.rank % 5
+        return {
+            "canary_fingerprint": canary,
+            "replica_fingerprint": replica,
+            "replica_group": self.group,
+        }
