@@ -315,38 +315,45 @@ class Monitor:
             out = output[0] if isinstance(output, tuple) else output
             weight = replication_weight(out) if out is not local(out) else self._plain_weight
             out = local(out).detach()
-            # Every step, one pass: the max of copies is the max of one.
-            self._step_max[index] = torch.linalg.vector_norm(out, ord=math.inf)
+            # Every step, one read of the output and no temporary: the max of copies is the
+            # max of one, and NaN propagates through both ends.
+            low, high = torch.aminmax(out)
+            self._step_max[index] = torch.maximum(-low, high)
             if not self._active:
                 return
             sumsq = torch.linalg.vector_norm(out, dtype=torch.float32).double().square()
             self._act_sumsq[index] += sumsq * weight
-            self._act_nonfinite[index] += (out.numel() - torch.isfinite(out).sum()) * weight
+            # x - x is 0 for a finite x and NaN for NaN or inf: two passes, where isfinite
+            # takes five.
+            self._act_nonfinite[index] += torch.count_nonzero(out - out) * weight
             self._act_count[index] += out.numel() * weight
 
         return hook
 
-    def _layer_sumsq(self, tensors: list[torch.Tensor], have: list[int]) -> torch.Tensor:
+    def _layer_sumsq(
+        self, tensors: list[torch.Tensor], have: list[int], count_nonfinite: bool = False
+    ) -> Any:
         """Per-layer sums of squares of local shards (tensors[k] belongs to params[have[k]]),
-        replication-weighted so that the sum over ranks counts every element once."""
+        replication-weighted so that the sum over ranks counts every element once.
+
+        count_nonfinite: also return, per layer, how many of the tensors hold a NaN or inf,
+        read off their norms at no extra cost (an exact count of values would read every
+        gradient five more times)."""
         out = torch.zeros(self.layout.n_layers, dtype=torch.float64, device=self.device)
-        if not have:
-            return out
-        norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
-        idx = self._index_on_device(tuple(have))
-        sq = torch.stack(norms).double().square() * self._param_weight[idx]
-        return out.index_add_(0, self._param_layer[idx], sq)
+        bad = torch.zeros_like(out)
+        if have:
+            norms = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).double()
+            idx = self._index_on_device(tuple(have))
+            layer, weight = self._param_layer[idx], self._param_weight[idx]
+            out.index_add_(0, layer, norms.square() * weight)
+            if count_nonfinite:
+                bad.index_add_(0, layer, (~torch.isfinite(norms)) * weight)
+        return (out, bad) if count_nonfinite else out
 
     def _grad_sumsq_and_nonfinite(self) -> tuple[torch.Tensor, torch.Tensor]:
         have = [i for i, p in enumerate(self.params) if p.grad is not None]
         grads = [local(self.params[i].grad) for i in have]
-        sumsq = self._layer_sumsq(grads, have)
-        nonfinite = torch.zeros_like(sumsq)
-        if have:
-            idx = self._index_on_device(tuple(have))
-            counts = torch.stack([(~torch.isfinite(g)).sum() for g in grads]).double()
-            nonfinite.index_add_(0, self._param_layer[idx], counts * self._param_weight[idx])
-        return sumsq, nonfinite
+        return self._layer_sumsq(grads, have, count_nonfinite=True)
 
     def _param_and_update_sumsq(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-layer sums of squares of the parameters, and of their change by the optimizer
@@ -356,8 +363,10 @@ class Monitor:
         param_sumsq = self._layer_sumsq(shards, everything)
         if self._snapshot is None:
             return param_sumsq, torch.full_like(param_sumsq, math.nan)
-        update = torch._foreach_sub(shards, self._snapshot)
-        self._snapshot = None
+        # In place: the snapshot becomes minus the update (same norm), and no second copy
+        # of the parameters is allocated.
+        update, self._snapshot = self._snapshot, None
+        torch._foreach_sub_(update, shards)
         return param_sumsq, self._layer_sumsq(update, everything)
 
     def _index_on_device(self, have: tuple[int, ...]) -> torch.Tensor:

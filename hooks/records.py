@@ -83,7 +83,7 @@ _PER_LAYER = (
     "act_count",
     "param_sumsq",
     "update_sumsq",
-    "grad_nonfinite",  # non-finite gradient values of the logged step
+    "grad_nonfinite",  # gradient tensors holding a NaN/inf at the logged step
     "act_nonfinite",  # non-finite block-output values of the logged step
 )
 _PER_STEP = ("loss_x_tokens", "tokens")

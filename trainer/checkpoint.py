@@ -5,9 +5,11 @@
     <dir>/latest          name of the newest complete checkpoint (written last, atomically)
 
 Every rank writes its own shards (FSDP x TP state dicts stay sharded); a crash in the
-middle of a save leaves `latest` pointing at the previous complete checkpoint. Resuming
-keeps the run id, so the restarted job continues the same run in the collector, and the
-monitor records `checkpoint` and `restart` events from which the analyzer computes goodput.
+middle of a save leaves `latest` pointing at the previous complete checkpoint. `--resume`
+starts from the newest one when there is one, so the same command line serves a first
+start and every restart (under torchrun's `--max-restarts` too). Resuming keeps the run id,
+so the restarted job continues the same run in the collector, and the monitor records
+`checkpoint` and `restart` events from which the analyzer computes goodput.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ class TrainConfig:
     hooks: str = "on"  # "off" trains without trainvitals (to measure what the hooks cost)
     checkpoint_dir: str = ""  # DCP checkpoints go here; a run finding one there resumes it
     checkpoint_every: int = 0  # steps between checkpoints; 0: never
+    resume: bool = False  # go on from the newest checkpoint in checkpoint_dir, if there is one
     inject: list[str] = field(default_factory=list)  # faults, see trainer/faults.py
 
     def __post_init__(self) -> None:
@@ -84,6 +85,8 @@ class TrainConfig:
 
         if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
             raise ValueError("TrainConfig.checkpoint_every must be >= 0 and needs checkpoint_dir")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("TrainConfig.resume needs checkpoint_dir")
 
     @property
     def world_size(self) -> int:
@@ -96,6 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         if f.default_factory is list:  # repeatable: --inject A --inject B
             parser.add_argument(flag, action="append", default=[], dest=f.name, metavar="SPEC")
+        elif isinstance(f.default, bool):  # a switch: --resume
+            parser.add_argument(flag, action="store_true", dest=f.name)
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default, dest=f.name)
 

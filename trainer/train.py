@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         generate_corpus(cfg.corpus_bytes, cfg.seed), seq_len, cfg.global_batch, cfg.seed
     )
     ckpt_root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-    resumed = checkpoint.resume(ckpt_root, model, optimizer, scheduler) if ckpt_root else None
+    resumed = checkpoint.resume(ckpt_root, model, optimizer, scheduler) if cfg.resume else None
     first_step = resumed.step + 1 if resumed else 0
     if resumed:
         checkpoint.restore_lr(optimizer, scheduler)

@@ -147,7 +147,7 @@ STEPS = Table(
         Field(
             "nonfinite_count",
             "int64",
-            "non-finite values in this step's gradients and block outputs",
+            "non-finite values in this step's block outputs, plus gradient tensors holding one",
             required=False,
         ),
         Field(
@@ -200,7 +200,7 @@ LAYERS = Table(
         Field(
             "nonfinite_count",
             "int64",
-            "non-finite gradient values of the layer at this step",
+            "gradient tensors (parameters) of the layer holding a NaN or inf at this step",
             required=False,
         ),
         Field(

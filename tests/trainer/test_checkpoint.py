@@ -41,7 +41,7 @@ def test_resumed_run_continues_exactly_and_records_restart(tmp_path: Path) -> No
     assert first.returncode != 0, "the crash fault must end the first attempt"
     assert (tmp_path / "ckpt" / "latest").read_text() == "step-00000007"
 
-    second = run_trainer([*COMMON, *ckpt, "--telemetry-file", str(run)], nproc=2)
+    second = run_trainer([*COMMON, *ckpt, "--resume", "--telemetry-file", str(run)], nproc=2)
     assert "resumed from" in second.stdout and "at step 8" in second.stdout
 
     want, _, _ = _read(unbroken)
