@@ -59,6 +59,11 @@ PY
 fi
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
 echo "== hook overhead on GPU"
-python3 "$repo/bench/hook_overhead.py" --preset 125m --batch 16 --blocks 10 --log-every 10 2>&1 | tail -3 | tee "$out/overhead_125m_every10.txt"
-python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 2>&1 | tail -3 | tee "$out/overhead_1b.txt"
-python3 "$repo/bench/hook_overhead.py" --preset 1b --batch 8 --blocks 6 --log-every 10 2>&1 | tail -3 | tee "$out/overhead_1b_every10.txt"
+# preset:batch:blocks:log_every, in order; QUICK=1 leaves out the long every-step 1b run.
+runs="125m:16:10:10 1b:8:6:10 125m:16:10:1 1b:8:6:1"
+[ "${QUICK:-0}" = 1 ] && runs="125m:16:10:10 1b:8:6:10 125m:16:10:1"
+for r in $runs; do
+    IFS=: read -r preset batch blocks every <<< "$r"
+    python3 "$repo/bench/hook_overhead.py" --preset "$preset" --batch "$batch" --blocks "$blocks" \
+        --log-every "$every" 2>&1 | tail -3 | tee "$out/overhead_${preset}_every${every}.txt"
+done
