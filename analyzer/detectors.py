@@ -1,4 +1,4 @@
-"""Streaming detectors: explicit state, O(window) work per step, no I/O.
+"""Streaming detectors of non-finite values and loss spikes; helpers every detector uses.
 
 Each detector sees one logged step at a time, in step order, through `observe(step)`, and
 returns the alerts that step raises. The same objects run live in the collector and over a
@@ -7,43 +7,50 @@ stored run, which is what makes a replay reproduce the live alerts.
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .alerts import Alert
+from .attribution import MAD_TO_SIGMA, LayerHistory, RankLossHistory
+from .rolling import RollingWindow, median_of_sorted
+from .views import LayerView, RankView, StepView
+
+__all__ = ["LayerView", "LossSpikeDetector", "NonFiniteDetector", "RankView", "StepView"]
 
 
-@dataclass(frozen=True)
-class StepView:
-    """The slice of one logged step that detectors read."""
-
-    run_id: str
-    step: int
-    time_unix_s: float
-    loss: float
-    grad_norm: float
-    # Per-layer gradient norms in layer order, when the step carried them.
-    layer_grad_norms: tuple[float, ...] = ()
-    tokens_per_s: float = math.nan
-    step_time_s: float = math.nan
-    # Per-rank values in rank order, when the step carried them (None where not reported).
-    ranks: RankView | None = None
+def data_query(run_id: str, table: str, metric: str | None, start: int, end: int) -> str:
+    """Where the evidence behind an alert can be read: a path of the collector's query API
+    (collector/query.py), over steps `start`..`end`."""
+    what = f"metric={metric}&" if metric else ""
+    return f"/api/v1/runs/{run_id}/{table}?{what}start={max(0, start)}&end={end}"
 
 
-@dataclass(frozen=True)
-class RankView:
-    compute_time_s: tuple[float | None, ...]
-    wait_time_s: tuple[float | None, ...]
-    loss: tuple[float, ...]
-    canary_fingerprint: tuple[int | None, ...]
+def name_ranks(ranks: list[int], limit: int = 8) -> str:
+    """'rank 3', 'ranks 3, 7', 'ranks 1, 2, ... and 40 more'."""
+    shown = ", ".join(map(str, ranks[:limit]))
+    more = f" and {len(ranks) - limit} more" if len(ranks) > limit else ""
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}{more}"
 
 
+@dataclass
 class NonFiniteDetector:
-    """A NaN or infinite loss or gradient norm: training has already gone wrong."""
+    """A NaN or infinite value: training has already gone wrong. Names where it started.
 
-    kind = "nonfinite"
+    Fires on a non-finite loss or global gradient norm, on the hooks' non-finite counters
+    (steps.nonfinite_count, layers.nonfinite_count and act_nonfinite_count), and on a
+    rank's non-finite local loss or local gradient norm. The culprit layer is the lowest
+    layer index (forward order) whose *activations* went non-finite, else the lowest
+    whose gradients did: a NaN born in layer k's forward reaches every later layer's
+    output, and every gradient, within the same step. The culprit rank is the rank whose
+    local loss went non-finite while others' did not (with tensor parallelism its tp peers
+    share its loss and are listed too); when every rank is hit, nobody is named.
+    One alert per episode: quiet until a step is finite again.
+    """
+
+    kind: str = "nonfinite"
+    _in_episode: bool = False
 
     def observe(self, s: StepView) -> list[Alert]:
         bad = [
@@ -51,31 +58,82 @@ class NonFiniteDetector:
             for name, v in (("loss", s.loss), ("grad_norm", s.grad_norm))
             if v is not None and not math.isfinite(v)  # None: not reported
         ]
-        if not bad:
+        if s.nonfinite_count > 0:  # NaN (not reported) compares False
+            bad.append(f"{s.nonfinite_count:.0f} values counted by the hooks")
+        layer, layer_what = _first_nonfinite_layer(s.layers)
+        rank_bad = np.empty(0, dtype=np.int64)
+        if s.ranks is not None and len(s.ranks):
+            hit = ~np.isfinite(s.ranks.loss) | s.ranks.grad_norm_local_nonfinite
+            rank_bad = s.ranks.rank[hit]
+            if len(rank_bad):
+                bad.append(f"local loss or gradient of {name_ranks(rank_bad.tolist())}")
+        if not bad and layer is None:
+            self._in_episode = False
             return []
-        layer = next((i for i, v in enumerate(s.layer_grad_norms) if not math.isfinite(v)), None)
-        where = f"; first non-finite gradient in layer {layer}" if layer is not None else ""
+        if self._in_episode:
+            return []
+        self._in_episode = True
+        rank = None
+        if len(rank_bad) and len(rank_bad) < len(s.ranks):
+            rank = int(rank_bad[0])
+            who = f"; it started on {name_ranks(rank_bad.tolist())} (the others stayed finite)"
+        elif len(rank_bad):
+            who = "; every rank is hit, so no single rank is named"
+        else:
+            who = ""
+        where = (
+            ""
+            if layer is None
+            else (f"; first non-finite layer in forward order: {layer} ({layer_what})")
+        )
+        what = "; ".join(bad) or "in layer statistics"
         return [
             Alert(
                 run_id=s.run_id,
                 step=s.step,
                 kind=self.kind,
                 severity="critical",
-                message=f"non-finite {' and '.join(bad)} at step {s.step}{where}",
+                message=(
+                    f"non-finite values at step {s.step}: {what}{where}{who}. Data: "
+                    + data_query(s.run_id, "layers", "act_nonfinite_count", s.step, s.step)
+                ),
                 time_unix_s=s.time_unix_s,
-                value=s.loss if "loss" in bad else s.grad_norm,
+                value=s.loss if "loss" in bad else s.grad_norm if "grad_norm" in bad else None,
+                rank=rank,
                 layer=layer,
             )
         ]
+
+
+def _first_nonfinite_layer(layers: LayerView | None) -> tuple[int | None, str]:
+    if layers is None or not len(layers.layer):
+        return None, ""
+    # act_rms and grad_norm are required columns: NaN there is a value, not a gap.
+    # act_max_abs is optional (NaN may mean "not reported"): only its infinities count.
+    with np.errstate(invalid="ignore"):
+        acts = (
+            (layers.act_nonfinite_count > 0)
+            | ~np.isfinite(layers.act_rms)
+            | np.isinf(layers.act_max_abs)
+        )
+        grads = (layers.nonfinite_count > 0) | ~np.isfinite(layers.grad_norm)
+    for what, hit in (("activations", acts), ("gradients", grads)):
+        where = np.flatnonzero(hit)
+        if len(where):
+            return int(layers.layer[where[0]]), what
+    return None, ""
 
 
 @dataclass
 class LossSpikeDetector:
     """A loss far above its recent robust baseline.
 
-    Baseline: median of log(loss) over the last `window` finite steps; spread: the median
-    absolute deviation (MAD), scaled by 1.4826 so that it estimates a standard deviation
-    for Gaussian noise (Rousseeuw & Croux, 1993). Working in log space makes the test
+    Baseline: median of log(loss) over the last `window` finite steps. Spread: the step-to-
+    step noise, from the median absolute deviation (MAD) of the last `window` differences
+    of log(loss), scaled by 1.4826 / sqrt(2) so that it estimates the standard deviation of
+    Gaussian noise on each value (Rousseeuw & Croux, 1993); differences ignore the trend,
+    so a loss falling fast early in training does not inflate the spread and hide a spike
+    (the MAD of the values themselves would). Working in log space makes the test
     relative, so it holds as the loss falls by orders of magnitude. A step alarms when its
     log-loss exceeds the median by `z_threshold` spreads *and* the loss is at least
     `min_rise_ratio` above the median loss: the second guard keeps a near-zero MAD on a
@@ -94,7 +152,11 @@ class LossSpikeDetector:
     cooldown_steps: int = 50
     diverge_steps: int = 20
     kind: str = "loss_spike"
+    layers: LayerHistory = field(default_factory=LayerHistory)
+    ranks: RankLossHistory = field(default_factory=RankLossHistory)
     _window: RollingWindow = field(init=False, repr=False)
+    _diffs: RollingWindow = field(init=False, repr=False)
+    _last_x: float | None = None
     _quiet_until: int = -1
     _episode: tuple[int, float] | None = None  # (spike step, baseline loss) while unresolved
 
@@ -104,39 +166,110 @@ class LossSpikeDetector:
         if self.z_threshold <= 0 or self.min_rise_ratio < 0:
             raise ValueError("LossSpikeDetector: z_threshold must be > 0, min_rise_ratio >= 0")
         self._window = RollingWindow(self.window)
+        self._diffs = RollingWindow(self.window)
 
     def observe(self, s: StepView) -> list[Alert]:
+        self.layers.push(s.step, s.layers)
         if s.loss is None or not (math.isfinite(s.loss) and s.loss > 0):
+            self.ranks.push(s.ranks)
             return []  # non-finite losses are the NonFiniteDetector's
         x = math.log(s.loss)
         alerts = self._follow_episode(s)
         if len(self._window) >= self.min_history and s.step > self._quiet_until:
             median = self._window.median()
-            mad = _median(sorted(abs(v - median) for v in self._window.values()))
-            spread = 1.4826 * mad + 1e-12
+            typical = self._diffs.median()
+            mad = median_of_sorted(sorted(abs(d - typical) for d in self._diffs.values()))
+            spread = MAD_TO_SIGMA * mad / math.sqrt(2) + 1e-12
             z = (x - median) / spread
             if z > self.z_threshold and x - median > math.log1p(self.min_rise_ratio):
-                baseline = math.exp(median)
-                alerts.append(
-                    Alert(
-                        run_id=s.run_id,
-                        step=s.step,
-                        kind=self.kind,
-                        severity="warning",
-                        message=(
-                            f"loss {s.loss:.4g} at step {s.step} is {s.loss / baseline:.2f}x its "
-                            f"recent median {baseline:.4g} "
-                            + (f"({z:.1f} robust std devs)" if z < 1e3 else "(a flat baseline)")
-                        ),
-                        time_unix_s=s.time_unix_s,
-                        value=s.loss,
-                        baseline=baseline,
-                    )
-                )
-                self._quiet_until = s.step + self.cooldown_steps
-                self._episode = (s.step, baseline)
+                alerts.append(self._spike(s, math.exp(median), z))
         self._window.push(x)
+        if self._last_x is not None:
+            self._diffs.push(x - self._last_x)
+        self._last_x = x
+        self.ranks.push(s.ranks)
         return alerts
+
+    def _spike(self, s: StepView, baseline: float, z: float) -> Alert:
+        self._quiet_until = s.step + self.cooldown_steps
+        self._episode = (s.step, baseline)
+        size = f"({z:.1f} robust std devs)" if z < 1e3 else "(a flat baseline)"
+        layer, stat, layer_part = self._layer_evidence(s)
+        rank, rank_part = self._rank_evidence(s)
+        parts = [
+            f"loss {s.loss:.4g} at step {s.step} is {s.loss / baseline:.2f}x its recent "
+            f"median {baseline:.4g} {size}",
+            *filter(None, (layer_part, rank_part)),
+        ]
+        start = s.step - self.window
+        queries = [data_query(s.run_id, "steps", None, start, s.step)]
+        if stat is not None:
+            queries.append(data_query(s.run_id, "layers", stat, start, s.step))
+        if s.ranks is not None:
+            queries.append(data_query(s.run_id, "ranks", "loss", s.step, s.step))
+        return Alert(
+            run_id=s.run_id,
+            step=s.step,
+            kind=self.kind,
+            severity="warning",
+            message="; ".join(parts) + ". Data: " + ", ".join(queries),
+            time_unix_s=s.time_unix_s,
+            value=s.loss,
+            baseline=baseline,
+            rank=rank,
+            layer=layer,
+        )
+
+    def _layer_evidence(self, s: StepView) -> tuple[int | None, str | None, str]:
+        """(layer that led the spike or None, its statistic, a sentence of evidence)."""
+        verdict = self.layers.deviations()
+        look = self.layers.lookback
+        lead = verdict.leader
+        if lead is not None:
+            others = [d.describe() for d in verdict.first[1:3]]
+            return (
+                lead.layer,
+                lead.stat,
+                (
+                    f"first to move: {lead.describe()}"
+                    + (f"; with it {'; '.join(others)}" if others else "")
+                    + f" ({verdict.n_deviated} layer statistics deviated in the last {look} "
+                    "logged steps)"
+                ),
+            )
+        if verdict.first:
+            top = verdict.first[0]
+            return (
+                None,
+                top.stat,
+                (
+                    f"{verdict.layers_together} of {verdict.n_layers} layers moved together at "
+                    f"step {top.step} (largest: {top.describe()}): no single layer led, as with a "
+                    "bad batch or a learning-rate jump"
+                ),
+            )
+        if s.layers is None:
+            return None, None, ""
+        return (
+            None,
+            None,
+            (f"no layer statistic deviated from its baseline in the last {look} logged steps"),
+        )
+
+    def _rank_evidence(self, s: StepView) -> tuple[int | None, str]:
+        """(rank whose local loss made the spike or None, a sentence of evidence)."""
+        named, d, why = self.ranks.culprits(s.ranks)
+        if not len(named):
+            return None, why
+        ids = s.ranks.rank[named].tolist()
+        each = ", ".join(
+            f"rank {r} {math.exp(x):.2f}x" for r, x in zip(ids[:4], d[:4], strict=True)
+        )
+        more = f" and {len(ids) - 4} more" if len(ids) > 4 else ""
+        return ids[0], (
+            f"local loss above its data-parallel peers' median: {each}{more} (that rank's "
+            "data or arithmetic produced the spike)"
+        )
 
     def _follow_episode(self, s: StepView) -> list[Alert]:
         if self._episode is None or s.step == self._episode[0]:
@@ -164,34 +297,3 @@ class LossSpikeDetector:
                 baseline=baseline,
             )
         ]
-
-
-class RollingWindow:
-    """The last `size` values, kept sorted too: O(size) insert, O(1) median."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._recent: deque = deque()
-        self._sorted: list = []
-
-    def push(self, x: float) -> None:
-        self._recent.append(x)
-        bisect.insort(self._sorted, x)
-        if len(self._recent) > self.size:
-            old = self._recent.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
-
-    def median(self) -> float:
-        return _median(self._sorted)
-
-    def values(self) -> list[float]:
-        return self._sorted
-
-    def __len__(self) -> int:
-        return len(self._recent)
-
-
-def _median(sorted_values: list[float]) -> float:
-    n = len(sorted_values)
-    mid = n // 2
-    return sorted_values[mid] if n % 2 else 0.5 * (sorted_values[mid - 1] + sorted_values[mid])

@@ -4,22 +4,34 @@
 collector's live driver) or of a stored run (the replay driver) and returns new alerts.
 Steps at or below the last step seen for a run are ignored, so a resent batch raises
 nothing twice.
+
+Cost: each column of a batch is converted to numpy once; a step's per-layer and per-rank
+values are slices of those arrays (see views.py). No Python object per rank is made.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from .alerts import Alert
-from .detectors import LossSpikeDetector, NonFiniteDetector, RankView, StepView
-from .sdc import CanaryDetector
-from .straggler import StragglerDetector
-from .throughput import ThroughputDropDetector
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-_STEP_COLUMNS = ["step", "time_unix_s", "loss", "grad_norm", "tokens_per_s", "step_time_s"]
-_RANK_COLUMNS = ["compute_time_s", "wait_time_s", "loss", "canary_fingerprint"]
+from .alerts import Alert
+from .detectors import LossSpikeDetector, NonFiniteDetector
+from .sdc import CanaryDetector, PeerOutlierDetector, ReplicaDetector
+from .stall import StallDetector
+from .straggler import StragglerDetector
+from .throttle import ThrottleDetector
+from .throughput import ThroughputDropDetector
+from .views import LAYER_COLUMNS, RANK_COLUMNS, LayerView, RankView, StepView
+
+# Step fields that may be null: null becomes NaN (not reported). loss and grad_norm keep
+# None for null, so that "not in this export" is not mistaken for a non-finite value.
+_STEP_FLOATS = ("time_unix_s", "tokens_per_s", "step_time_s", "lr", "nonfinite_count")
 
 
 def default_detectors() -> list:
@@ -29,66 +41,149 @@ def default_detectors() -> list:
         LossSpikeDetector(),
         StragglerDetector(),
         CanaryDetector(),
+        ReplicaDetector(),
+        PeerOutlierDetector(),
+        StallDetector(),
+        ThrottleDetector(),
         ThroughputDropDetector(),
     ]
+
+
+@dataclass
+class _Run:
+    detectors: list
+    last_step: int = -1
+    tp: int = 1  # tensor-parallel degree, from the runs table (1 until known)
 
 
 class Analyzer:
     def __init__(self, make_detectors: Callable[[], list] = default_detectors) -> None:
         self._make = make_detectors
-        self._detectors: dict[str, list] = {}
-        self._last_step: dict[str, int] = defaultdict(lambda: -1)
+        self._runs: dict[str, _Run] = {}
 
     def observe(self, run_id: str, tables: dict[str, Any]) -> list[Alert]:
+        run = self._runs.get(run_id)
+        if run is None:
+            run = self._runs[run_id] = _Run(self._make())
+        _read_layout(run, tables.get("runs"))
         steps = tables.get("steps")
         if steps is None or steps.num_rows == 0:
             return []
-        layer_norms = _layer_grad_norms(tables.get("layers"))
-        rank_views = _rank_views(tables.get("ranks"))
-        detectors = self._detectors.setdefault(run_id, self._make())
+        rows = _step_rows(steps)
+        layers = _Slices(tables.get("layers"), "layer", LAYER_COLUMNS)
+        ranks = _Slices(tables.get("ranks"), "rank", RANK_COLUMNS, nonfinite=("grad_norm_local",))
         alerts: list[Alert] = []
-        present = [c for c in _STEP_COLUMNS if c in steps.column_names]
-        for row in sorted(steps.select(present).to_pylist(), key=_step):
-            if row["step"] <= self._last_step[run_id]:
+        for row in rows:
+            step = row["step"]
+            if step <= run.last_step:
                 continue
-            self._last_step[run_id] = row["step"]
-            row.setdefault("time_unix_s", 0.0)
+            run.last_step = step
             view = StepView(
                 run_id=run_id,
-                layer_grad_norms=layer_norms.get(row["step"], ()),
-                ranks=rank_views.get(row["step"]),
+                layers=layers.layer_view(step),
+                ranks=ranks.rank_view(step, run.tp),
                 **row,
             )
-            for d in detectors:
+            for d in run.detectors:
                 alerts.extend(d.observe(view))
         return alerts
 
 
-def _step(row: dict) -> int:
-    return row["step"]
+def _read_layout(run: _Run, runs: Any) -> None:
+    if runs is None or runs.num_rows == 0 or "tp" not in runs.column_names:
+        return
+    tp = runs.column("tp")[0].as_py()
+    if isinstance(tp, int) and tp >= 1:
+        run.tp = tp
 
 
-def _layer_grad_norms(layers: Any) -> dict[int, tuple[float, ...]]:
-    """step -> per-layer gradient norms in layer order, from a layers table (or None)."""
-    if layers is None or layers.num_rows == 0:
-        return {}
-    by_step: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    cols = layers.select(["step", "layer", "grad_norm"]).to_pydict()
-    for step, layer, norm in zip(cols["step"], cols["layer"], cols["grad_norm"], strict=True):
-        by_step[step].append((layer, norm))
-    return {s: tuple(v for _, v in sorted(pairs)) for s, pairs in by_step.items()}
+def _step_rows(steps: pa.Table) -> list[dict]:
+    """The batch's steps rows as dicts, in step order, each step once."""
+    n = steps.num_rows
+    cols: dict[str, list] = {}
+    for name in ("step", "loss", "grad_norm", *_STEP_FLOATS):
+        if name not in steps.column_names:
+            if name == "step":
+                raise ValueError("steps table without a step column")
+            cols[name] = [None if name in ("loss", "grad_norm") else math.nan] * n
+            continue
+        values = steps.column(name).to_pylist()
+        if name in _STEP_FLOATS:
+            values = [math.nan if v is None else float(v) for v in values]
+        cols[name] = values
+    step = cols["step"]
+    order = sorted(range(n), key=step.__getitem__)
+    rows, seen = [], None
+    names = list(cols)
+    for i in order:
+        if step[i] == seen:
+            continue  # the same step twice in one batch: the first copy counts
+        seen = step[i]
+        rows.append({k: cols[k][i] for k in names})
+    return rows
 
 
-def _rank_views(ranks: Any) -> dict[int, RankView]:
-    """step -> per-rank values in rank order, from a ranks table (or None)."""
-    if ranks is None or ranks.num_rows == 0:
-        return {}
-    present = [c for c in _RANK_COLUMNS if c in ranks.column_names]
-    rows: dict[int, list[dict]] = defaultdict(list)
-    for row in ranks.select(["step", "rank", *present]).to_pylist():
-        rows[row["step"]].append(row)
-    views = {}
-    for step, rs in rows.items():
-        rs.sort(key=lambda r: r["rank"])
-        views[step] = RankView(**{c: tuple(r.get(c) for r in rs) for c in _RANK_COLUMNS})
-    return views
+class _Slices:
+    """One batch's layers or ranks table, sorted by (step, key), cut into per-step slices."""
+
+    def __init__(
+        self, table: Any, key: str, columns: tuple[str, ...], nonfinite: tuple[str, ...] = ()
+    ) -> None:
+        self.bounds: dict[int, tuple[int, int]] = {}
+        if table is None or table.num_rows == 0:
+            return
+        step = table.column("step").to_numpy()
+        keys = table.column(key).to_numpy()
+        order = None
+        d_step, d_key = np.diff(step), np.diff(keys)
+        if not np.all((d_step > 0) | ((d_step == 0) & (d_key > 0))):
+            order = np.lexsort((keys, step))
+            step, keys = step[order], keys[order]
+            d_step, d_key = np.diff(step), np.diff(keys)
+            dup = np.r_[False, (d_step == 0) & (d_key == 0)]  # a row sent twice in one batch
+            if dup.any():
+                order, step, keys = order[~dup], step[~dup], keys[~dup]
+        self.key = keys
+        self.columns = {}
+        for name in (*columns, *(f"{c}_nonfinite" for c in nonfinite)):
+            source = name.removesuffix("_nonfinite")
+            if source not in table.column_names:
+                continue
+            col = table.column(source)
+            if name.endswith("_nonfinite"):
+                values = col.to_numpy()
+                arr = pc.is_valid(col).to_numpy(zero_copy_only=False)
+                arr &= ~np.isfinite(values)
+            else:
+                if col.type != pa.float64():
+                    col = pc.cast(col, pa.float64())
+                arr = col.to_numpy()  # nulls become NaN
+            self.columns[name] = arr if order is None else arr[order]
+        starts = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+        ends = np.r_[starts[1:], len(step)]
+        self.bounds = dict(
+            zip(
+                step[starts].tolist(), zip(starts.tolist(), ends.tolist(), strict=True), strict=True
+            )
+        )
+
+    def _cut(self, step: int) -> dict | None:
+        span = self.bounds.get(step)
+        if span is None:
+            return None
+        a, b = span
+        return {k: v[a:b] for k, v in self.columns.items()}
+
+    def layer_view(self, step: int) -> LayerView | None:
+        cols = self._cut(step)
+        if cols is None:
+            return None
+        a, b = self.bounds[step]
+        return LayerView(layer=self.key[a:b], **cols)
+
+    def rank_view(self, step: int, tp: int) -> RankView | None:
+        cols = self._cut(step)
+        if cols is None:
+            return None
+        a, b = self.bounds[step]
+        return RankView(rank=self.key[a:b], tp=tp, **cols)

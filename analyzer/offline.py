@@ -49,8 +49,10 @@ def map_columns(table: pa.Table, overrides: dict[str, str]) -> pa.Table:
     for field, aliases in ALIASES.items():
         if field in overrides:
             if overrides[field] not in table.column_names:
-                raise ValueError(f"column {overrides[field]!r} (for {field}) is not in the file; "
-                                 f"it has {table.column_names}")  # fmt: skip
+                raise ValueError(
+                    f"column {overrides[field]!r} (for {field}) is not in the file; "
+                    f"it has {table.column_names}"
+                )
             picked[field] = overrides[field]
         else:
             found = next((by_lower[a] for a in aliases if a in by_lower), None)

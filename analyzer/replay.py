@@ -1,10 +1,14 @@
 """`trainvitals replay STORE`: run the detectors over a stored run, in step order.
 
 The second driver of the one analyzer (DESIGN invariant 3): the same detector objects the
-collector runs live, fed the stored steps, layers and ranks of each run in chunks of steps.
-Because the live driver also sees each run's steps in order (ingest keeps the hooks' order,
-and resent steps are ignored), the alerts come out identical; `compare` checks that
-against the alerts the collector stored.
+collector runs live, fed the stored runs row and the steps, layers and ranks of each run
+in windows of steps, as the live driver (collector/analysis.py) reads them back from its
+store. Detectors judge each step on that step's rows and on telemetry timestamps only, so
+the alerts come out identical; `compare` checks that against the alerts the collector
+stored. `store_goodput` adds each run's goodput (goodput.py).
+
+Cost: three range scans per window (DuckDB prunes row groups by step) and one numpy
+conversion per column; detectors then work on per-step slices (bench/replay_speed.py).
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from typing import Any
 
 import duckdb
 
-from trainvitals.schema import LAYERS, RANKS, STEPS
+from trainvitals.schema import LAYERS, RANKS, RUNS, STEPS
 
 from .alerts import Alert
 from .engine import Analyzer
+from .goodput import Goodput, goodput
 
 CHUNK_STEPS = 10_000  # steps per read: bounded memory on a run of any length
 
@@ -28,29 +33,57 @@ def _columns(table: Any) -> str:
 
 def replay_store(con: duckdb.DuckDBPyConnection) -> Iterator[Alert]:
     """Every alert the detectors raise over every run of the store, run by run, in step order."""
-    runs = con.execute("SELECT DISTINCT run_id FROM steps ORDER BY run_id").fetchall()
+    runs = con.sql("SELECT DISTINCT run_id FROM steps ORDER BY run_id").fetchall()
     for (run_id,) in runs:
         analyzer = Analyzer()
-        (last,) = con.execute("SELECT max(step) FROM steps WHERE run_id = ?", [run_id]).fetchone()
+        meta = con.sql(
+            f"SELECT {_columns(RUNS)} FROM runs WHERE run_id = $1", params=[run_id]
+        ).to_arrow_table()
+        ((last,),) = con.sql(
+            "SELECT max(step) FROM steps WHERE run_id = $1", params=[run_id]
+        ).fetchall()
         for start in range(0, last + 1, CHUNK_STEPS):
             window = [run_id, start, start + CHUNK_STEPS - 1]
-            tables = {
-                name: con.execute(
+            tables = {"runs": meta} if meta.num_rows else {}
+            for name, spec in (("steps", STEPS), ("layers", LAYERS), ("ranks", RANKS)):
+                tables[name] = con.sql(
                     f"SELECT {_columns(spec)} FROM {name} "
-                    "WHERE run_id = ? AND step BETWEEN ? AND ? ORDER BY step",
-                    window,
+                    "WHERE run_id = $1 AND step BETWEEN $2 AND $3 ORDER BY step",
+                    params=window,
                 ).to_arrow_table()
-                for name, spec in (("steps", STEPS), ("layers", LAYERS), ("ranks", RANKS))
-            }
             yield from analyzer.observe(run_id, tables)
 
 
+def store_goodput(con: duckdb.DuckDBPyConnection) -> list[Goodput]:
+    """Goodput of every run of the store."""
+    out = []
+    runs = con.sql("SELECT DISTINCT run_id FROM steps ORDER BY run_id").fetchall()
+    for (run_id,) in runs:
+        steps = con.sql(
+            "SELECT step, time_unix_s, step_time_s FROM steps WHERE run_id = $1 ORDER BY step",
+            params=[run_id],
+        ).to_arrow_table()
+        events = con.sql(
+            "SELECT step, kind, detail, time_unix_s FROM events WHERE run_id = $1 "
+            "AND kind IN ('restart', 'checkpoint') ORDER BY time_unix_s",
+            params=[run_id],
+        ).to_arrow_table()
+        out.append(goodput(run_id, steps.to_pydict(), events.to_pydict()))
+    return out
+
+
 def stored_alerts(con: duckdb.DuckDBPyConnection) -> list[dict]:
-    rows = con.execute("SELECT * FROM alerts ORDER BY run_id, step, kind").to_arrow_table()
+    rows = con.sql("SELECT * FROM alerts ORDER BY run_id, step, kind").to_arrow_table()
     return rows.to_pylist()
 
 
 def comparable(alert: dict) -> tuple:
     """What must agree between live and replayed alerts."""
-    return (alert["run_id"], alert["step"], alert["kind"], alert["rank"], alert["layer"],
-            alert["message"])  # fmt: skip
+    return (
+        alert["run_id"],
+        alert["step"],
+        alert["kind"],
+        alert["rank"],
+        alert["layer"],
+        alert["message"],
+    )

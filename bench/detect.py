@@ -1,145 +1,477 @@
 """Detector quality on labeled scenarios: recall, precision, latency, culprit named.
 
-Simulated fleets with ground truth: a falling loss with noise and a learning-rate warm-up
-bump, per-rank compute times with noise, slow drift and one-off hiccups, canary
-fingerprints every 50 steps. Faults: stragglers slowed 10-50%, SDC units on one rank, loss
-spikes of 1.5-5x lasting 1-5 steps. Clean fleets carry the same noise and no fault. Every
-scenario goes through the same Analyzer the collector runs. Prints one line per detector
-and, on the last line, the false-alert rate of all detectors together on clean steps.
+Two sources of labeled runs, both fed through the Analyzer the collector runs:
+- simulated fleets (trainvitals/simulate.py): 32 ranks on 4 nodes, 8 layers, 2 s steps,
+  every step logged, canaries every 50 steps; 1% device-speed spread, 1% step noise, a
+  daily drift, learning-rate warm-up then cosine decay, a loss falling from 11 to 2, and
+  on top (here) one-off 50% compute hiccups on a random rank in 5% of the steps. Each
+  faulty run carries one transient fault (a loss spike, a stall, a NaN) early and one
+  persistent fault (a straggler, an SDC unit, a throttled GPU) later; clean runs carry
+  the same noise and no fault. Two spike variants are made here from the simulator's
+  output: a spike led by one layer (its gradient norm and activations blow up two steps
+  before the loss jumps) and a spike made by one rank (its local loss jumps, as when a
+  rank's data or arithmetic goes wrong; large enough to move the job's mean loss);
+- real 4-rank trainer runs (torchrun, dp=2 x tp=2 on CPU, 60 steps, canary every 10
+  steps) with faults injected by trainer/faults.py, and clean runs. Their telemetry files
+  are kept in --real-dir and reused.
 
-    python bench/detect.py --scenarios 40 --steps 2000
+Scoring: a fault is found by a detector when an alert of its kind comes within the
+fault's window (EXPECT); latency is in logged steps. An alert is explained when it falls
+in a fault's window of its own kind or of a known knock-on effect (KNOCK_ON: a throttled
+GPU also makes a straggler); precision is explained alerts / all alerts of the kind. Every
+alert of a clean run is false.
+
+    python bench/detect.py --scenarios 40 --steps 2000      # writes bench/results/detect.txt
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import os
 import random
 import statistics
-from collections import Counter
-from dataclasses import dataclass
+import subprocess
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from trainvitals.analyzer.detectors import RankView, StepView
-from trainvitals.analyzer.engine import default_detectors
+import numpy as np
+import orjson
+import pyarrow.compute as pc
+from replay_speed import arrow_tables  # bench/ is on sys.path when run as a script
 
-CANARY_EVERY = 50
-# Kind of alert expected for a fault, and how many steps after its start it must come.
-EXPECT = {"straggler": ("straggler", 30), "sdc": ("sdc", CANARY_EVERY), "spike": ("loss_spike", 5)}
+from trainvitals.analyzer import Analyzer
+from trainvitals.schema import to_arrow
+from trainvitals.simulate import FleetSpec, simulate
+from trainvitals.trainer.launch import torchrun_command
+
+REPO = Path(__file__).resolve().parent.parent
+SIM_CANARY_EVERY = 50
+REAL_CANARY_EVERY = 10
+# fault kind -> [(alert kind, window in steps, culprit the alert should name)]; "canary":
+# the scenario's canary interval. A detector is scored only where its signal exists.
+EXPECT = {
+    "straggler": [("straggler", 30, "rank")],
+    "sdc": [
+        ("sdc", "canary", "rank"),
+        ("sdc_replica", "canary", "rank"),
+        ("sdc_outlier", 30, "rank"),
+    ],
+    "spike": [("loss_spike", 5, "truth")],
+    "stall": [("stall", 1, "truth")],
+    "throttle": [("throttle", 30, "rank")],
+    "nan": [("nonfinite", 1, None)],
+}
+# Alerts that a fault causes besides its own, within KNOCK_ON_STEPS: not false alerts.
+KNOCK_ON = {
+    "straggler": {"throughput_drop"},
+    "throttle": {"straggler", "throughput_drop"},
+    "sdc": {"loss_spike", "loss_diverging", "nonfinite"},
+    "spike": {"loss_diverging"},
+    "nan": {"loss_spike", "loss_diverging"},
+    "stall": set(),
+}
+KNOCK_ON_STEPS = 2000
 
 
 @dataclass(frozen=True)
-class Fault:
-    kind: str
+class Truth:
+    kind: str  # a key of EXPECT
     step: int
-    rank: int = -1
-    size: float = 0.0  # slowdown fraction, or spike factor
-    length: int = 1
+    rank: int | None = None
+    layer: int | None = None
+    label: str = ""  # variant and size, for the listing
+    size: float = 0.0  # spike variants made here: the factor on the job's loss
 
 
-def simulate(steps: int, ranks: int, faults: list[Fault], seed: int):
-    """StepViews of one run, in step order."""
-    rng = random.Random(seed)
-    for step in range(steps):
-        warmup_bump = 1 + 0.05 * math.exp(-((step - 30) ** 2) / 200)  # lr warm-up overshoot
-        loss = (2 + 3.5 * math.exp(-step / 300)) * warmup_bump * math.exp(rng.gauss(0, 0.02))
-        compute = [0.1 * (1 + 0.02 * step / steps) * rng.gauss(1, 0.03) for _ in range(ranks)]
-        if rng.random() < 0.05:
-            compute[rng.randrange(ranks)] *= 1.5  # a one-off hiccup
-        fingerprint = [1234 if step % CANARY_EVERY == 0 else None for _ in range(ranks)]
-        for f in faults:
-            if f.kind == "straggler" and step >= f.step:
-                compute[f.rank] *= 1 + f.size
-            elif f.kind == "sdc" and step >= f.step and fingerprint[f.rank] is not None:
-                fingerprint[f.rank] = 999
-            elif f.kind == "spike" and f.step <= step < f.step + f.length:
-                loss *= f.size
-        end = max(compute)
-        view = RankView(
-            compute_time_s=tuple(compute),
-            wait_time_s=tuple(end - c for c in compute),
-            loss=(loss,) * ranks,
-            canary_fingerprint=tuple(fingerprint),
+@dataclass
+class Scenario:
+    name: str
+    source: str  # "sim" or "real"
+    faults: list[Truth]
+    steps: int
+    canary_every: int
+    signals: set[str] = field(default_factory=set)  # alert kinds whose signal exists
+    anonymous: set[str] = field(default_factory=set)  # kinds that cannot name a culprit here
+    alerts: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- simulated
+
+
+def sim_faults(rng: random.Random, steps: int, ranks: int, layers: int) -> tuple[list, list]:
+    """(simulator fault specs, truths): one transient fault early, one persistent later."""
+    specs, truths = [], []
+    t_step = rng.randrange(300, steps // 2 - 100)
+    transient = rng.choice(["spike", "spike_layer", "spike_rank", "stall", "stall_rank", "nan"])
+    factor = rng.choice([1.5, 2.0, 3.0, 5.0])
+    if transient == "spike":
+        specs.append(f"spike:step={t_step},factor={factor}")
+        truths.append(Truth("spike", t_step, label=f"shared {factor}x"))
+    elif transient == "spike_layer":
+        layer = rng.randrange(layers)
+        specs.append(f"spike:step={t_step},factor={factor}")
+        truths.append(Truth("spike", t_step, layer=layer, label=f"layer {layer} led, {factor}x"))
+    elif transient == "spike_rank":
+        rank = rng.randrange(ranks)
+        label = f"rank {rank}'s loss, {factor}x"
+        truths.append(Truth("spike", t_step, rank=rank, label=label, size=factor))
+    elif transient.startswith("stall"):
+        seconds = rng.choice([120, 300, 900])
+        rank = rng.randrange(ranks) if transient == "stall_rank" else -1
+        specs.append(f"stall:step={t_step},seconds={seconds},rank={rank}")
+        truths.append(
+            Truth(
+                "stall",
+                t_step,
+                rank=rank if rank >= 0 else None,
+                label=f"{seconds} s" + (f" on rank {rank}" if rank >= 0 else ""),
+            )
         )
-        yield StepView("sim", step, float(step), loss, 1.0, tokens_per_s=4096 / end,
-                       step_time_s=end, ranks=view)  # fmt: skip
+    else:
+        specs.append(f"nan:step={t_step}")
+        truths.append(Truth("nan", t_step))
+    p_step = rng.randrange(steps // 2, steps - 300)
+    rank = rng.randrange(ranks)
+    persistent = rng.choice(["straggler", "sdc", "throttle"])
+    if persistent == "straggler":
+        slowdown = rng.choice([0.1, 0.2, 0.5])
+        specs.append(f"straggler:rank={rank},step={p_step},slowdown={slowdown}")
+        truths.append(Truth("straggler", p_step, rank, label=f"{slowdown:.0%} slower"))
+    elif persistent == "sdc":
+        grad = rng.choice([1.5, 3.0, 30.0])
+        specs.append(f"sdc:rank={rank},step={p_step},grad_factor={grad}")
+        truths.append(Truth("sdc", p_step, rank, label=f"local grad norm {grad}x"))
+    else:
+        drop, reasons = rng.choice([0.1, 0.2, 0.3]), rng.choice([0x4, 0x8, 0x20, 0x40])
+        specs.append(f"throttle:rank={rank},step={p_step},clock_drop={drop},reasons={reasons}")
+        truths.append(Truth("throttle", p_step, rank, label=f"clock -{drop:.0%}, 0x{reasons:x}"))
+    return specs, truths
 
 
-def random_faults(rng: random.Random, steps: int, ranks: int) -> list[Fault]:
-    kind = rng.choice(["straggler", "sdc", "spike"])
-    start = rng.randrange(300, steps - 300)
-    if kind == "straggler":
-        return [Fault(kind, start, rng.randrange(ranks), rng.choice([0.1, 0.2, 0.5]))]
-    if kind == "sdc":
-        return [Fault(kind, start, rng.randrange(ranks))]
-    return [Fault(kind, start, size=rng.choice([1.5, 2, 3, 5]), length=rng.choice([1, 2, 5]))]
+def perturb(doc: dict, truths: list[Truth], rng: np.random.Generator, ranks: int) -> None:
+    """Hiccups on every run; the layer-led and rank-made spike variants (in place)."""
+    if "ranks" not in doc:
+        return
+    r, step = doc["ranks"], int(doc["steps"]["step"][0])
+    if rng.random() < 0.05:  # a one-off 50% hiccup: the others wait for it
+        r["compute_time_s"] = r["compute_time_s"].copy()
+        r["compute_time_s"][rng.integers(ranks)] *= 1.5
+        arrival = r["data_time_s"] + r["compute_time_s"]
+        r["wait_time_s"] = arrival.max() - arrival
+    for t in truths:
+        if t.kind != "spike":
+            continue
+        if t.layer is not None and t.step - 2 <= step <= t.step:
+            doc["layers"]["grad_norm"] = doc["layers"]["grad_norm"].copy()
+            doc["layers"]["grad_norm"][t.layer] *= 8
+            doc["layers"]["act_max_abs"] = doc["layers"]["act_max_abs"].copy()
+            doc["layers"]["act_max_abs"][t.layer] *= 4
+        if t.rank is not None and t.step <= step < t.step + 3:
+            # The job's mean loss rises by `factor` through this one rank's local loss.
+            rise = (t.size - 1) * 0.5 ** (step - t.step)
+            loss = r["loss"].copy()
+            loss[t.rank] += rise * ranks * float(doc["steps"]["loss"][0])
+            r["loss"] = loss
+            doc["steps"]["loss"] = np.array([loss.mean()])
+
+
+def run_sim(spec: FleetSpec, truths: list[Truth], seed: int, chunk: int = 250) -> list:
+    """Alerts of one simulated run, fed to the Analyzer in chunks of logged steps."""
+    analyzer, alerts, buf = Analyzer(), [], []
+    rng = np.random.default_rng(seed)
+    for doc in simulate(spec):
+        perturb(doc, truths, rng, spec.ranks)
+        buf.append(doc)
+        if len(buf) == chunk:
+            alerts += analyzer.observe(spec.run_id, arrow_tables(buf))
+            buf.clear()
+    if buf:
+        alerts += analyzer.observe(spec.run_id, arrow_tables(buf))
+    return alerts
+
+
+def sim_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    rng = random.Random(args.seed)
+    out = []
+    for i in range(2 * args.scenarios):
+        clean = i % 2 == 1
+        specs, truths = ([], []) if clean else sim_faults(rng, args.steps, args.ranks, 8)
+        spec = FleetSpec(
+            ranks=args.ranks,
+            layers=8,
+            step_time_s=2.0,
+            steps=args.steps,
+            seed=1000 + i,
+            canary_every=SIM_CANARY_EVERY,
+            faults=tuple(specs),
+            run_id=f"sim-{i}",
+        )
+        sc = Scenario(spec.run_id, "sim", truths, args.steps, SIM_CANARY_EVERY)
+        sc.signals = {k for v in EXPECT.values() for k, _, _ in v}
+        sc.alerts = run_sim(spec, truths, seed=i)
+        out.append(sc)
+        what = ", ".join(f"{t.kind} {t.label}" for t in truths) or "clean"
+        print(
+            f"  {sc.name}: {what} -> {len(sc.alerts)} alerts",
+            file=sys.stderr,
+            flush=True,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------- real runs
+
+REAL_RUNS = {
+    # name: (trainer --inject specs, extra flags)
+    "straggler40-sdc": (["straggler:rank=1,step=15,slowdown=0.4", "sdc:rank=2,step=30"], []),
+    "straggler15": (["straggler:rank=3,step=20,slowdown=0.15"], []),
+    "sdc": (["sdc:rank=1,step=25,fraction=0.001"], []),
+    "spike-batch": (["spike:step=30,kind=batch"], []),
+    "spike-lr-nan": (["spike:step=25,kind=lr", "nan:step=50"], []),
+    "clean-0": ([], []),
+    "clean-1": ([], ["--seed", "1"]),
+    "clean-2": ([], ["--seed", "2", "--lr", "6e-3"]),
+}
+REAL_STEPS = 60
+
+
+def real_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    out_dir = Path(args.real_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, (injects, extra) in REAL_RUNS.items():
+        path = out_dir / f"{name}.jsonl"
+        if not path.exists():
+            flags = [
+                "--dp",
+                "2",
+                "--tp",
+                "2",
+                "--steps",
+                str(REAL_STEPS),
+                "--canary-every",
+                str(REAL_CANARY_EVERY),
+                "--telemetry-file",
+                str(path),
+                *extra,
+            ]
+            for spec in injects:
+                flags += ["--inject", spec]
+            print(f"  training {name} ...", file=sys.stderr, flush=True)
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            proc = subprocess.run(
+                torchrun_command(4, flags), capture_output=True, text=True, env=env, timeout=900
+            )
+            if proc.returncode != 0:
+                path.unlink(missing_ok=True)
+                raise RuntimeError(f"trainer run {name} failed:\n{proc.stderr[-3000:]}")
+        analyzer, alerts, events, signals, anonymous = Analyzer(), [], [], set(), set()
+        for line in path.read_bytes().splitlines():
+            run_id, tables = to_arrow(orjson.loads(line))
+            alerts += analyzer.observe(run_id, tables)
+            events += tables["events"].to_pylist() if "events" in tables else []
+            have, cannot = _signals(tables, tp=2)
+            signals |= have
+            anonymous |= cannot
+        truths = []
+        for e in events:
+            if e["kind"].startswith("fault:"):
+                kind = e["kind"].removeprefix("fault:")
+                detail = json.loads(e["detail"])
+                truths.append(
+                    Truth(
+                        kind,
+                        e["step"],
+                        e["rank"] if e["rank"] >= 0 else None,
+                        label=",".join(f"{k}={v}" for k, v in detail.items()),
+                    )
+                )
+        sc = Scenario(
+            name,
+            "real",
+            truths,
+            REAL_STEPS,
+            REAL_CANARY_EVERY,
+            signals=signals,
+            anonymous=anonymous,
+            alerts=alerts,
+        )
+        out.append(sc)
+        print(f"  {name}: {len(alerts)} alerts", file=sys.stderr, flush=True)
+    return out
+
+
+def _signals(tables: dict, tp: int) -> tuple[set[str], set[str]]:
+    """(alert kinds whose input this telemetry carries, kinds that cannot name a culprit).
+
+    A real CPU run has no GPU clock; the peer-outlier test needs 3 data-parallel peers and
+    a replica vote a group of 3 (dp=2 x tp=2 has pairs).
+    """
+    have, anonymous = set(EXPECT_ALWAYS), set()
+    ranks = tables.get("ranks")
+    if ranks is None or not ranks.num_rows:
+        return have, anonymous
+    for kind, column in (
+        ("sdc_replica", "replica_fingerprint"),
+        ("sdc", "canary_fingerprint"),
+        ("sdc_outlier", "grad_norm_local"),
+        ("throttle", "sm_clock_mhz"),
+        ("straggler", "wait_time_s"),
+    ):
+        if ranks.column(column).null_count < ranks.num_rows:
+            have.add(kind)
+    first = ranks.filter(pc.equal(ranks["step"], ranks["step"][0]))
+    if first.num_rows // tp < 3:
+        have.discard("sdc_outlier")
+    groups = Counter(g for g in first.column("replica_group").to_pylist() if g is not None)
+    if groups and min(groups.values()) < 3:
+        anonymous.add("sdc_replica")
+    return have, anonymous
+
+
+EXPECT_ALWAYS = {"loss_spike", "nonfinite", "stall"}
+
+
+# ---------------------------------------------------------------------------- scoring
 
 
 @dataclass
 class Score:
     faults: int = 0
     found: int = 0
-    right_culprit: int = 0
-    latencies: list = None
+    culprits: int = 0  # faults whose culprit the detector should name
+    named: int = 0
+    latencies: list = field(default_factory=list)
     alerts: int = 0
-    true_alerts: int = 0
-
-    def __post_init__(self) -> None:
-        self.latencies = []
+    explained: int = 0
 
 
-def score_run(views, faults: list[Fault], scores: dict[str, Score]) -> Counter:
-    """Run the detectors; update per-kind scores; return alerts matching no fault, by kind."""
-    detectors = default_detectors()
-    alerts = [a for v in views for d in detectors for a in d.observe(v)]
-    matched = set()
-    for f in faults:
-        kind, within = EXPECT[f.kind]
+def score(scenarios: list[Scenario]) -> tuple[dict, Counter, Counter, list]:
+    scores: dict[str, Score] = defaultdict(Score)
+    false_clean, unexplained_faulty, misses = Counter(), Counter(), []
+    for sc in scenarios:
+        explained = set()
+        for t in sc.faults:
+            for kind, within, culprit in EXPECT[t.kind]:
+                if kind not in sc.signals:
+                    continue
+                window = sc.canary_every if within == "canary" else within
+                s = scores[kind]
+                s.faults += 1
+                hits = [
+                    a for a in sc.alerts if a.kind == kind and t.step <= a.step <= t.step + window
+                ]
+                want = None if kind in sc.anonymous else culprit_of(t, culprit)
+                s.culprits += want is not None
+                if not hits:
+                    misses.append(f"{sc.name}: {kind} missed {t.kind} at step {t.step} ({t.label})")
+                    continue
+                s.found += 1
+                s.latencies.append(hits[0].step - t.step)
+                if want is not None and getattr(hits[0], want[0]) == want[1]:
+                    s.named += 1
+                elif want is not None:
+                    misses.append(
+                        f"{sc.name}: {kind} named rank {hits[0].rank} layer "
+                        f"{hits[0].layer} for {t.kind} {t.label} ({want})"
+                    )
+            for a in sc.alerts:
+                own = {k for k, _, _ in EXPECT[t.kind]}
+                if a.kind in own | KNOCK_ON[t.kind] and t.step <= a.step <= t.step + KNOCK_ON_STEPS:
+                    explained.add(id(a))
+        for a in sc.alerts:
+            scores[a.kind].alerts += 1
+            scores[a.kind].explained += id(a) in explained
+            if id(a) not in explained:
+                (unexplained_faulty if sc.faults else false_clean)[a.kind] += 1
+                if not sc.faults:
+                    misses.append(f"{sc.name}: FALSE {a.kind} at step {a.step}: {a.message[:160]}")
+    return scores, false_clean, unexplained_faulty, misses
+
+
+def culprit_of(t: Truth, culprit: str | None) -> tuple[str, int] | None:
+    """(Alert field, value) the detector should name for this fault, or None."""
+    if culprit == "rank" or (culprit == "truth" and t.rank is not None):
+        return ("rank", t.rank) if t.rank is not None else None
+    if culprit == "truth" and t.layer is not None:
+        return ("layer", t.layer)
+    return None
+
+
+def report(title: str, scenarios: list[Scenario], lines: list[str]) -> None:
+    if not scenarios:
+        return
+    scores, false_clean, unexplained, misses = score(scenarios)
+    n_faulty = sum(1 for s in scenarios if s.faults)
+    clean_steps = sum(s.steps for s in scenarios if not s.faults)
+    lines.append(
+        f"== {title}: {n_faulty} faulty runs ({sum(len(s.faults) for s in scenarios)} "
+        f"faults), {len(scenarios) - n_faulty} clean runs ({clean_steps:,} steps)"
+    )
+    for kind in sorted(scores, key=lambda k: (-scores[k].faults, k)):
         s = scores[kind]
-        s.faults += 1
-        hits = [a for a in alerts if a.kind == kind and f.step <= a.step <= f.step + within]
-        if hits:
-            s.found += 1
-            s.latencies.append(hits[0].step - f.step)
-            s.right_culprit += f.rank < 0 or hits[0].rank == f.rank
-            matched.update(id(a) for a in hits)
-    for a in alerts:
-        scores.setdefault(a.kind, Score()).alerts += 1
-        scores[a.kind].true_alerts += id(a) in matched
-    return Counter(a.kind for a in alerts if id(a) not in matched)
+        if not s.faults:
+            continue
+        recall = s.found / s.faults
+        precision = f"{s.explained / s.alerts:6.1%}" if s.alerts else "   n/a"
+        lat = f"{statistics.median(s.latencies):.0f} / {max(s.latencies)}" if s.latencies else "n/a"
+        culprit = f"{s.named}/{s.culprits}" if s.culprits else "n/a"
+        lines.append(
+            f"{kind:14s} faults {s.faults:3d}  recall {recall:6.1%}  precision "
+            f"{precision}  latency median/max {lat} steps  culprit named {culprit}"
+        )
+    others = {k: v.alerts for k, v in scores.items() if not v.faults and v.alerts}
+    if others:
+        lines.append(f"other alerts (knock-on effects of faults): {others}")
+    if unexplained:
+        lines.append(f"unexplained alerts in faulty runs: {dict(unexplained)}")
+    n_false = sum(false_clean.values())
+    rate = n_false / clean_steps * 1e4 if clean_steps else float("nan")
+    lines.append(
+        f"false alerts on clean runs, all detectors: {n_false} in {clean_steps:,} "
+        f"steps = {rate:.2f} per 10,000 steps {dict(false_clean) or ''}"
+    )
+    for m in misses[:30]:
+        lines.append(f"  note: {m}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--scenarios", type=int, default=40, help="faulty and clean runs, each")
+    p.add_argument("--scenarios", type=int, default=40, help="faulty and clean sims, each")
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--ranks", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-real", action="store_true", help="skip the real trainer runs")
+    p.add_argument(
+        "--real-dir",
+        default=str(Path(tempfile.gettempdir()) / "trainvitals-detect"),
+        help="telemetry files of the real runs (made once, then reused)",
+    )
+    p.add_argument("--out", default=str(REPO / "bench" / "results" / "detect.txt"))
     args = p.parse_args()
-    rng = random.Random(args.seed)
-    scores = {kind: Score() for kind, _ in EXPECT.values()}
-    false_in_faulty, false_in_clean = Counter(), Counter()
-    for i in range(args.scenarios):
-        faults = random_faults(rng, args.steps, args.ranks)
-        views = simulate(args.steps, args.ranks, faults, seed=1000 + i)
-        false_in_faulty += score_run(views, faults, scores)
-        false_in_clean += score_run(simulate(args.steps, args.ranks, [], seed=5000 + i), [], scores)
-    for kind, s in scores.items():
-        if not s.faults:
-            continue
-        recall = s.found / s.faults
-        precision = s.true_alerts / s.alerts if s.alerts else float("nan")
-        latency = statistics.median(s.latencies) if s.latencies else float("nan")
-        worst = max(s.latencies, default=float("nan"))
-        print(f"{kind:12s} faults {s.faults:3d}  recall {recall:6.1%}  precision {precision:6.1%}  "
-              f"latency median {latency:.0f} / max {worst:.0f} steps  "
-              f"culprit named {s.right_culprit}/{s.found}")  # fmt: skip
-    clean_steps = args.scenarios * args.steps
-    # In faulty runs, a fault's knock-on effects raise other kinds too (a 50% straggler
-    # drops the job's throughput; a long spike diverges): listed, not scored as false.
-    print(f"other alerts in faulty runs, by kind: {dict(false_in_faulty) or 'none'}")
-    n_false = sum(false_in_clean.values())
-    print(f"false alerts on clean runs, all detectors: {n_false} in {clean_steps:,} steps "
-          f"= {n_false / clean_steps * 1e4:.2f} per 10,000 steps")  # fmt: skip
+    sims = sim_scenarios(args) if args.scenarios else []
+    reals = [] if args.no_real else real_scenarios(args)
+    lines = [
+        f"$ python bench/detect.py --scenarios {args.scenarios} --steps {args.steps} "
+        f"--ranks {args.ranks}" + (" --no-real" if args.no_real else "")
+    ]
+    report(f"simulated fleets ({args.ranks} ranks, {args.steps} steps of 2 s each)", sims, lines)
+    report(f"real 4-rank trainer runs (dp=2 x tp=2, {REAL_STEPS} steps, CPU)", reals, lines)
+    every = sims + reals
+    clean_steps = sum(s.steps for s in every if not s.faults)
+    n_false = sum(len(s.alerts) for s in every if not s.faults)
+    lines.append(
+        f"ALL: false alerts {n_false} in {clean_steps:,} clean steps = "
+        f"{n_false / max(clean_steps, 1) * 1e4:.2f} per 10,000 steps"
+    )
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pyarrow as pa
 from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.detectors import LossSpikeDetector, NonFiniteDetector, StepView
 from trainvitals.analyzer.throughput import ThroughputDropDetector
+from trainvitals.analyzer.views import LayerView
 
 
 def _curve(n: int, seed: int, spikes: dict[int, float] | None = None) -> list[float]:
@@ -46,9 +47,8 @@ def test_one_alert_per_episode() -> None:
 
 
 def test_nonfinite_names_first_bad_layer() -> None:
-    view = StepView(
-        "r", 7, 0.0, math.nan, math.inf, layer_grad_norms=(1.0, 2.0, math.inf, math.nan)
-    )
+    layers = LayerView.of(grad_norm=[1.0, 2.0, math.inf, math.nan], act_rms=[1.0] * 4)
+    view = StepView("r", 7, 0.0, math.nan, math.inf, layers=layers)
     (alert,) = NonFiniteDetector().observe(view)
     assert alert.step == 7 and alert.layer == 2 and alert.severity == "critical"
     assert NonFiniteDetector().observe(StepView("r", 8, 0.0, 2.0, 1.0)) == []

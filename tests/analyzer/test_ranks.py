@@ -32,12 +32,11 @@ def _fleet(
         if hiccups and rng.random() < 0.05:  # a one-off 50% hiccup on a random rank
             compute[rng.randrange(ranks)] *= 1.5
         end = max(compute)
-        view = RankView(
-            compute_time_s=tuple(compute) if with_compute else (None,) * ranks,
-            wait_time_s=tuple(end - c for c in compute),
-            loss=(2.0,) * ranks,
-            canary_fingerprint=(None,) * ranks,
-        )  # fmt: skip
+        view = RankView.of(
+            compute_time_s=compute if with_compute else [None] * ranks,
+            wait_time_s=[end - c for c in compute],
+            loss=[2.0] * ranks,
+        )
         yield StepView("r", step, float(step), 2.0, 1.0, step_time_s=end, ranks=view)
 
 
@@ -67,7 +66,7 @@ def test_no_straggler_alert_on_clean_fleets_with_noise_drift_and_hiccups() -> No
 
 def _canary_step(step: int, prints: tuple) -> StepView:
     n = len(prints)
-    view = RankView((0.1,) * n, (0.0,) * n, (2.0,) * n, prints)
+    view = RankView.of(loss=[2.0] * n, canary_fingerprint=prints)
     return StepView("r", step, 0.0, 2.0, 1.0, ranks=view)
 
 

@@ -1,0 +1,202 @@
+"""Who caused a loss spike: the layer whose statistics moved first, the rank whose loss did.
+
+Both keep cheap per-step state (a ring buffer of per-layer log statistics, a rolling
+window of one number per step) and do the real work only at a spike step, which is rare.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .rolling import RollingWindow
+from .rolling import median as fast_median
+from .views import LayerView, RankView
+
+# Per-layer statistics watched, in the order of the evidence: the gradient, the change the
+# optimizer made, the layer's output (RMS and largest magnitude).
+LAYER_STATS = ("grad_norm", "update_rms", "act_rms", "act_max_abs")
+MAD_TO_SIGMA = 1.4826  # MAD x this estimates a standard deviation for Gaussian noise
+
+
+@dataclass(frozen=True)
+class LayerDeviation:
+    layer: int
+    stat: str
+    step: int  # first logged step of the lookback at which it deviated
+    value: float
+    baseline: float
+    z: float  # robust standard deviations from its baseline
+
+    def describe(self) -> str:
+        return (
+            f"layer {self.layer} {self.stat} {self.value:.3g} vs baseline {self.baseline:.3g} "
+            f"({self.value / self.baseline:.2g}x) at step {self.step}"
+        )
+
+
+@dataclass(frozen=True)
+class LayerVerdict:
+    first: list[LayerDeviation]  # the earliest deviations, strongest first
+    n_deviated: int  # (layer, statistic) pairs that deviated anywhere in the lookback
+    n_layers: int
+    lead_factor: float = 1.5
+
+    @property
+    def leader(self) -> LayerDeviation | None:
+        """The layer that led the spike, if one did."""
+        if not self.first:
+            return None
+        top = self.first[0]
+        others = [abs(math.log(d.value / d.baseline)) for d in self.first if d.layer != top.layer]
+        if not others or abs(math.log(top.value / top.baseline)) >= self.lead_factor * max(others):
+            return top
+        return None
+
+    @property
+    def layers_together(self) -> int:
+        return len({d.layer for d in self.first})
+
+
+@dataclass
+class LayerHistory:
+    """The last `window + lookback` logged steps of every layer's log statistics.
+
+    At a spike, each (layer, statistic) gets a robust baseline from the `window` steps
+    before the last `lookback` logged steps (median of log values; spread: MAD x 1.4826).
+    It deviated at a step of the lookback if it is more than `z_threshold` spreads and a
+    factor `min_ratio` away from that baseline (either way). The culprits are those that
+    deviated earliest; among them, the largest relative change comes first. A layer *led*
+    if it deviated before any other, or its change (in log space) is at least
+    `lead_factor` times that of every other layer deviating at the same step; when all
+    layers move together (a bad batch, a learning-rate jump) no layer is named.
+    Per step: one (stats x layers) row written, O(layers).
+    """
+
+    window: int = 50
+    lookback: int = 5
+    min_history: int = 10
+    z_threshold: float = 6.0
+    min_ratio: float = 1.5
+    lead_factor: float = 1.5
+    _buf: np.ndarray | None = field(default=None, repr=False)  # (capacity, stats, layers)
+    _steps: np.ndarray | None = field(default=None, repr=False)
+    _layers: np.ndarray | None = field(default=None, repr=False)
+    _n: int = 0
+
+    def push(self, step: int, layers: LayerView | None) -> None:
+        if layers is None or not len(layers.layer):
+            return
+        cap = self.window + self.lookback
+        if self._layers is None or not np.array_equal(self._layers, layers.layer):
+            self._buf = np.full((cap, len(LAYER_STATS), len(layers.layer)), math.nan)
+            self._steps = np.zeros(cap, dtype=np.int64)
+            self._layers = layers.layer.copy()
+            self._n = 0
+        row = self._n % cap
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for i, stat in enumerate(LAYER_STATS):
+                self._buf[row, i] = np.log(getattr(layers, stat))
+        self._buf[row][~np.isfinite(self._buf[row])] = math.nan
+        self._steps[row] = step
+        self._n += 1
+
+    def deviations(self) -> LayerVerdict:
+        """Which layers deviated first in the lookback, and whether one of them led."""
+        if self._buf is None:
+            return LayerVerdict([], 0, 0)
+        cap = len(self._steps)
+        k = min(self.lookback, self._n)
+        n_base = min(self._n - k, self.window)
+        if n_base < self.min_history:
+            return LayerVerdict([], 0, 0)
+        order = [(self._n - n_base - k + i) % cap for i in range(n_base + k)]
+        base, recent = self._buf[order[:n_base]], self._buf[order[n_base:]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: a stat not reported
+            med = np.nanmedian(base, axis=0)
+            spread = MAD_TO_SIGMA * np.nanmedian(np.abs(base - med), axis=0) + 1e-9
+        dev = recent - med
+        z = dev / spread
+        with np.errstate(invalid="ignore"):
+            hit = (np.abs(z) > self.z_threshold) & (np.abs(dev) > math.log(self.min_ratio))
+        if not hit.any():
+            return LayerVerdict([], 0, len(self._layers))
+        any_hit = hit.any(axis=0)
+        first = np.where(any_hit, hit.argmax(axis=0), k)
+        earliest = int(first.min())
+        stats, layers = np.nonzero(first == earliest)
+        strength = np.abs(dev[earliest, stats, layers])
+        steps = self._steps[order[n_base:]]
+        found = [
+            LayerDeviation(
+                layer=int(self._layers[layers[i]]),
+                stat=LAYER_STATS[stats[i]],
+                step=int(steps[earliest]),
+                value=math.exp(recent[earliest, stats[i], layers[i]]),
+                baseline=math.exp(med[stats[i], layers[i]]),
+                z=float(z[earliest, stats[i], layers[i]]),
+            )
+            for i in np.argsort(-strength, kind="stable")
+        ]
+        return LayerVerdict(found, int(any_hit.sum()), len(self._layers), self.lead_factor)
+
+
+@dataclass
+class RankLossHistory:
+    """Local losses against data-parallel peers: which rank's loss made the spike.
+
+    Each step, every rank's deviation d = log(local loss / its peers' median) (views.py)
+    and the step's typical |d| over ranks, kept for the last `window` steps. At a spike, a
+    rank is named when its d exceeds `z_threshold` typical spreads and log(1 +
+    `min_rise_ratio`): its own data (a bad batch) or arithmetic (a faulty device) raised
+    the loss; peers hold the same model shard, so the model alone cannot explain it.
+    Per step: one peer median per group, O(ranks), vectorised.
+    """
+
+    window: int = 50
+    min_history: int = 10
+    z_threshold: float = 6.0
+    min_rise_ratio: float = 0.2
+    _spread: RollingWindow = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._spread = RollingWindow(self.window)
+
+    def culprits(self, ranks: RankView | None) -> tuple[np.ndarray, np.ndarray, str]:
+        """(positions of the named ranks, their d, a sentence of evidence) at this step."""
+        none = np.empty(0, dtype=np.int64)
+        if ranks is None or not len(ranks):
+            return none, none, ""
+        d, counts = ranks.peer_deviation("loss")
+        if not (counts >= 2).any():
+            return none, none, "no data-parallel peers to compare local losses with"
+        bar = math.log1p(self.min_rise_ratio)
+        if len(self._spread) >= self.min_history:
+            bar = max(bar, self.z_threshold * MAD_TO_SIGMA * self._spread.median())
+        with np.errstate(invalid="ignore"):
+            named = np.flatnonzero((d > bar) & (counts >= 2))
+        if not len(named):
+            worst = np.nanmax(d) if np.isfinite(d).any() else math.nan
+            return (
+                none,
+                none,
+                (
+                    f"no rank's local loss stands out from its data-parallel peers (largest: "
+                    f"{math.exp(worst):.2f}x): the spike is shared, not one rank's data or device"
+                ),
+            )
+        named = named[np.argsort(-d[named], kind="stable")]
+        return named, d[named], ""
+
+    def push(self, ranks: RankView | None) -> None:
+        if ranks is None or not len(ranks):
+            return
+        d, counts = ranks.peer_deviation("loss")
+        spread = np.abs(d[counts >= 2])
+        spread = spread[np.isfinite(spread)]
+        if len(spread):
+            self._spread.push(fast_median(spread))

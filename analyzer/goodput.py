@@ -1,0 +1,150 @@
+"""Goodput: how much of a run's wall time trained the model, and where the rest went.
+
+From a stored run's steps (step, time_unix_s, step_time_s) and events:
+- wall time: from the start of the first logged step (its time minus its step time) to
+  the last logged step's time;
+- the usual time per step: median over consecutive logged steps of gap / steps spanned;
+- restarts ('restart' events): the gap between the last step logged before the event and
+  the first logged after it, less the normal time of the steps trained in between. The
+  event's step is the first step the restarted job trains; the steps from there up to
+  the last step logged before the restart are *re-done*: trained twice, their time
+  (count x usual step time) is lost too. A store keeps the first copy of each step (its
+  key is (run, step)), so re-done steps are counted from the event, not from the rows;
+- checkpoints ('checkpoint' events): their detail's `duration_s`, where given;
+- stalls: whatever else a gap holds beyond its steps' normal time, in gaps that the stall
+  detector's rule calls a stall (stall.is_stall, same thresholds);
+- productive time: the rest. Goodput = productive / wall.
+Small per-step jitter is productive time: only the causes above count as lost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .stall import StallDetector, is_stall
+
+
+@dataclass(frozen=True)
+class Goodput:
+    run_id: str
+    wall_s: float
+    productive_s: float
+    restart_s: float
+    restarts: int
+    redone_steps: int
+    redone_s: float
+    checkpoint_s: float
+    checkpoints: int
+    stall_s: float
+    stalls: int
+    step_s: float  # the usual time per step
+
+    @property
+    def ratio(self) -> float:
+        return self.productive_s / self.wall_s if self.wall_s > 0 else math.nan
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ratio": self.ratio}
+
+    def summary(self) -> str:
+        h = 1 / 3600
+        return (
+            f"goodput of run {self.run_id}: {self.ratio:.1%} of {self.wall_s * h:.2f} h trained "
+            f"the model; lost: restarts {self.restart_s * h:.2f} h ({self.restarts}), re-done "
+            f"steps {self.redone_s * h:.2f} h ({self.redone_steps} steps), checkpoints "
+            f"{self.checkpoint_s * h:.2f} h ({self.checkpoints}), stalls "
+            f"{self.stall_s * h:.2f} h ({self.stalls})"
+        )
+
+
+def goodput(
+    run_id: str,
+    steps: dict[str, list],
+    events: dict[str, list],
+    min_gap_s: float = StallDetector.min_gap_s,
+    min_intervals: float = StallDetector.min_intervals,
+) -> Goodput:
+    """Goodput of one run from its steps columns (step, time_unix_s, step_time_s) and
+    events columns (step, kind, detail, time_unix_s), as pydict columns."""
+    step = np.asarray(steps["step"], dtype=np.int64)
+    t = np.asarray(steps["time_unix_s"], dtype=np.float64)
+    step_time = np.asarray(steps.get("step_time_s", [math.nan] * len(step)), dtype=np.float64)
+    order = np.argsort(t, kind="stable")
+    step, t, step_time = step[order], t[order], step_time[order]
+    if len(step):  # the first copy of a step counts, as in a store
+        _, first = np.unique(step, return_index=True)
+        keep = np.sort(first)
+        step, t, step_time = step[keep], t[keep], step_time[keep]
+    empty = Goodput(run_id, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0, 0.0, 0, math.nan)
+    if len(step) < 2:
+        return empty
+    gap, spanned = np.diff(t), np.diff(step)
+    ok = spanned > 0
+    per_step = float(np.median(gap[ok] / spanned[ok])) if ok.any() else math.nan
+    first_s = step_time[0] if math.isfinite(step_time[0]) else per_step
+    wall = float(t[-1] - t[0] + first_s)
+    extra = gap - np.maximum(spanned, 0) * per_step  # time beyond the steps' normal time
+    claimed = np.zeros(len(gap), bool)
+
+    kinds = events.get("kind", [])
+    restart_s = redone_s = checkpoint_s = 0.0
+    restarts = redone = checkpoints = 0
+    for kind, ev_step, ev_t, detail in zip(
+        kinds,
+        events.get("step", []),
+        events.get("time_unix_s", []),
+        events.get("detail", []),
+        strict=True,
+    ):
+        i = int(np.searchsorted(t, ev_t)) - 1  # the gap (t[i], t[i + 1]] holding the event
+        inside = 0 <= i < len(gap)
+        if kind == "restart":
+            restarts += 1
+            if not inside:
+                continue
+            again = max(0, int(step[: i + 1].max()) - int(ev_step) + 1)
+            redone += again
+            redone_s += again * per_step
+            restart_s += max(0.0, float(extra[i]) - again * per_step)
+            claimed[i] = True
+        elif kind == "checkpoint":
+            checkpoints += 1
+            duration = _detail(detail).get("duration_s")
+            if isinstance(duration, int | float) and duration > 0:
+                checkpoint_s += float(duration)
+                if inside:
+                    extra[i] -= duration
+    stall_s, stalls = 0.0, 0
+    for i in np.flatnonzero(~claimed & ok):
+        if is_stall(
+            extra[i] + spanned[i] * per_step, int(spanned[i]), per_step, min_gap_s, min_intervals
+        ):
+            stall_s += float(extra[i])
+            stalls += 1
+    productive = wall - restart_s - redone_s - checkpoint_s - stall_s
+    return Goodput(
+        run_id,
+        wall,
+        productive,
+        restart_s,
+        restarts,
+        redone,
+        redone_s,
+        checkpoint_s,
+        checkpoints,
+        stall_s,
+        stalls,
+        per_step,
+    )
+
+
+def _detail(detail: str | None) -> dict:
+    try:
+        value = json.loads(detail or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

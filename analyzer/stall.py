@@ -1,0 +1,146 @@
+"""Stall: the job, or one rank, stopped making progress for a while.
+
+Judged on telemetry timestamps only (steps.time_unix_s), never on the clock of the
+machine running the analyzer, so a replay raises exactly the live alerts:
+- the job stalled: the gap between two consecutive logged steps exceeds `min_gap_s`
+  *and* `min_intervals` times the typical time per step (rolling median of the last
+  `window` gaps, each divided by the steps it spans) times the steps it spans. When the
+  ranks table shows everybody waiting for one late rank at the step that ended the gap,
+  that rank is named;
+- a rank went silent: it reported before, and logged steps kept coming without it for
+  more than `min_gap_s` and `min_intervals` typical gaps between logged steps.
+The alert comes with the first step after the gap: a stall still going on sends no step
+at all, so live, a *current* stall is seen by the clock, outside the analyzer: the
+collector exports each run's last step time (trainvitals_last_step_timestamp_seconds)
+and the TrainvitalsRunStalled rule (deploy/prometheus/alerts.yml) fires on it.
+A checkpoint save or a restart longer than the thresholds shows up here as a stall too;
+goodput (goodput.py) tells them apart using the run's events.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .alerts import Alert
+from .detectors import data_query, name_ranks
+from .rolling import RollingWindow
+from .views import StepView
+
+
+def is_stall(gap_s: float, steps: int, per_step_s: float, min_gap_s: float, k: float) -> bool:
+    """The rule shared with goodput: a gap long in absolute terms and against the norm."""
+    return gap_s > min_gap_s and gap_s > k * per_step_s * steps
+
+
+@dataclass
+class StallDetector:
+    min_gap_s: float = 60.0
+    min_intervals: float = 10.0
+    window: int = 50
+    min_history: int = 5
+    kind: str = "stall"
+    _per_step: RollingWindow = field(init=False, repr=False)  # seconds per step
+    _gaps: RollingWindow = field(init=False, repr=False)  # seconds between logged steps
+    _prev: tuple[int, float] | None = None
+    _seen_t: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    _seen_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    _silent: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.min_gap_s <= 0 or self.min_intervals <= 1 or self.min_history < 1:
+            raise ValueError(
+                "StallDetector: need min_gap_s > 0, min_intervals > 1, min_history >= 1"
+            )
+        self._per_step = RollingWindow(self.window)
+        self._gaps = RollingWindow(self.window)
+
+    def observe(self, s: StepView) -> list[Alert]:
+        t = s.time_unix_s
+        if t is None or not math.isfinite(t):
+            return []
+        ready = len(self._per_step) >= self.min_history
+        parts, rank, value, baseline = [], None, None, None
+        start = s.step
+        if self._prev is not None:
+            step0, t0 = self._prev
+            gap, n = t - t0, s.step - step0
+            if gap >= 0 and n > 0:
+                per_step = self._per_step.median() if ready else math.nan
+                if ready and is_stall(gap, n, per_step, self.min_gap_s, self.min_intervals):
+                    rank, why = self._late_rank(s, gap - per_step * n)
+                    parts.append(
+                        f"the job made no progress for {gap:.0f} s between step {step0} and "
+                        f"step {s.step}, {gap / (per_step * n):.0f}x the usual "
+                        f"{per_step * n:.3g} s{why}"
+                    )
+                    value, baseline, start = gap, per_step * n, step0
+                else:
+                    self._per_step.push(gap / n)
+                    self._gaps.push(gap)
+        self._prev = (s.step, t)
+        silent = self._silent_ranks(s, ready)
+        if len(silent):
+            rank = silent[0] if rank is None else rank
+            since = int(self._seen_step[silent[0]])
+            start = min(start, since)
+            parts.append(
+                f"{name_ranks(silent.tolist())} reported nothing for "
+                f"{t - self._seen_t[silent[0]]:.0f} s (last at step {since}) while the "
+                "other ranks went on: a dead exporter, a lost node, or a rank that left"
+            )
+        if not parts:
+            return []
+        return [
+            Alert(
+                run_id=s.run_id,
+                step=s.step,
+                kind=self.kind,
+                severity="critical",
+                message="; ".join(parts)
+                + ". Data: "
+                + data_query(s.run_id, "ranks", "step_time_s", start, s.step),
+                time_unix_s=t,
+                value=value,
+                baseline=baseline,
+                rank=None if rank is None else int(rank),
+            )
+        ]
+
+    def _late_rank(self, s: StepView, excess_s: float) -> tuple[int | None, str]:
+        """The rank everybody waited for at the step that ended the gap, if that is clear."""
+        r = s.ranks
+        if r is None or len(r) < 2 or not np.isfinite(r.wait_time_s).all():
+            return None, ""
+        late = int(np.argmin(r.wait_time_s))
+        others = float(np.median(np.delete(r.wait_time_s, late)))
+        if others < 0.5 * excess_s:
+            return None, "; no rank kept the others waiting (the whole job paused)"
+        return int(r.rank[late]), (
+            f"; the other ranks waited {others:.0f} s for rank {int(r.rank[late])}, the last "
+            "to arrive"
+        )
+
+    def _silent_ranks(self, s: StepView, ready: bool) -> np.ndarray:
+        r = s.ranks
+        if r is None or not len(r):
+            return np.empty(0, np.int64)
+        top = int(r.rank[-1]) + 1
+        if len(self._seen_t) < top:
+            grow = top - len(self._seen_t)
+            self._seen_t = np.r_[self._seen_t, np.full(grow, math.nan)]
+            self._seen_step = np.r_[self._seen_step, np.zeros(grow, np.int64)]
+            self._silent = np.r_[self._silent, np.zeros(grow, bool)]
+        self._seen_t[r.rank] = s.time_unix_s
+        self._seen_step[r.rank] = s.step
+        self._silent[r.rank] = False
+        if not ready:
+            return np.empty(0, np.int64)
+        age = s.time_unix_s - self._seen_t
+        bar = max(self.min_gap_s, self.min_intervals * self._gaps.median())
+        with np.errstate(invalid="ignore"):
+            gone = np.flatnonzero((age > bar) & ~self._silent)  # NaN: never seen
+        self._silent[gone] = True
+        return gone

@@ -1,0 +1,54 @@
+"""Goodput of a run: productive time against restarts, re-done steps, checkpoints, stalls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainvitals.analyzer.goodput import goodput
+
+T0 = 1.7e9
+
+
+def _run() -> tuple[dict, dict]:
+    """1 s steps. A 30 s checkpoint after step 199; a 200 s stall before step 400; at step
+    599 the job dies, restarts 100 s later from its checkpoint at step 550 and trains steps
+    550-599 again (the store keeps their first copies only); it ends at step 999."""
+    steps, times, t = [], [], T0
+    for step in range(1000):
+        t += 1.0
+        if step == 200:
+            t += 30
+        if step == 400:
+            t += 200
+        if step == 600:
+            t += 100 + 50  # down for 100 s, then 50 steps trained a second time
+        steps.append(step)
+        times.append(t)
+    events = {
+        "step": [200, 550],
+        "kind": ["checkpoint", "restart"],
+        "detail": [json.dumps({"duration_s": 30}), "{}"],
+        "time_unix_s": [times[199] + 15, times[599] + 100],
+    }
+    return {"step": steps, "time_unix_s": times, "step_time_s": [1.0] * 1000}, events
+
+
+def test_goodput_splits_lost_time_by_cause() -> None:
+    g = goodput("r", *_run())
+    assert g.step_s == pytest.approx(1.0)
+    assert g.wall_s == pytest.approx(1000 + 30 + 200 + 150)
+    assert (g.checkpoints, g.checkpoint_s) == (1, pytest.approx(30))
+    assert (g.stalls, g.stall_s) == (1, pytest.approx(200))
+    assert (g.restarts, g.restart_s) == (1, pytest.approx(100))
+    assert (g.redone_steps, g.redone_s) == (50, pytest.approx(50))
+    assert g.productive_s == pytest.approx(1000)
+    assert g.ratio == pytest.approx(1000 / 1380)
+    assert "goodput of run r: 72.5%" in g.summary()
+
+
+def test_a_clean_run_is_all_productive() -> None:
+    steps = {"step": list(range(100)), "time_unix_s": [T0 + s for s in range(100)]}
+    g = goodput("r", steps, {})
+    assert g.ratio == pytest.approx(1.0) and g.stalls == g.restarts == 0

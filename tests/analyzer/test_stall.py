@@ -1,0 +1,51 @@
+"""Stalls, judged on telemetry timestamps: the job's, and a rank that went silent."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from trainvitals.analyzer.stall import StallDetector
+from trainvitals.analyzer.views import RankView
+
+from .synthetic import fleet, run
+
+
+def test_a_stall_caused_by_one_rank_names_it() -> None:
+    def fault(step: int, cols: dict) -> None:
+        if step == 100:
+            cols["ranks"]["compute_time_s"][3] += 120  # rank 3 hangs; the others wait
+
+    (alert,) = run(StallDetector(), fleet(150, fault=fault))
+    assert (alert.kind, alert.step, alert.rank) == ("stall", 100, 3)
+    assert alert.value > 100 and "waited 1" in alert.message
+
+
+def test_a_pause_of_the_whole_job_names_nobody() -> None:
+    def fault(step: int, cols: dict) -> None:
+        if step == 100:
+            cols["steps"]["dt"] += 300  # a shared filesystem froze every rank alike
+
+    (alert,) = run(StallDetector(), fleet(150, fault=fault))
+    assert (alert.step, alert.rank) == (100, None) and "no progress for 30" in alert.message
+
+
+def test_a_rank_that_stops_reporting_is_named() -> None:
+    def without_rank_6(views):
+        for v in views:
+            r = v.ranks
+            if v.step >= 50:
+                keep = r.rank != 6
+                cols = {k: getattr(r, k)[keep] for k in ("loss", "wait_time_s")}
+                r = RankView(rank=r.rank[keep], **cols)
+            yield replace(v, ranks=r)
+
+    (alert,) = run(StallDetector(), without_rank_6(fleet(150)))
+    assert alert.rank == 6 and 100 <= alert.step <= 112 and "reported nothing" in alert.message
+
+
+def test_jittery_clean_runs_do_not_stall() -> None:
+    def jitter(step: int, cols: dict) -> None:
+        cols["steps"]["dt"] *= 1 + (step % 7) / 2  # 1 to 4 s between logged steps
+
+    for seed in range(4):
+        assert run(StallDetector(), fleet(300, seed=seed, fault=jitter)) == []
