@@ -23,7 +23,6 @@ does not have is NaN in its own slot, and stays NaN after the sum (NaN + 0).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,10 +159,14 @@ def append_step(
     act_nonfinite = layout.per_layer(v, "act_nonfinite")
     power = ranks[:, _SLOT["power_w"]]
     energy = ranks[:, _SLOT["energy_j"]]
+    # The release of the step's synchronisation point is the last rank's arrival: every
+    # other rank waits that long for it (clocks of different hosts agree to NTP accuracy).
+    # It also dates the step, however late the export thread gets to it.
+    release = float(ranks[:, _SLOT["arrival_unix_s"]].max())
     builder.append(
         "steps",
         step=meta.step,
-        time_unix_s=time.time(),
+        time_unix_s=release,
         loss=_safe_div(layout.per_step(v, "loss_x_tokens"), tokens),
         grad_norm=math.sqrt(grad_sumsq.sum()),
         lr=meta.lr,
@@ -198,10 +201,6 @@ def append_step(
             nonfinite_count=round(grad_nonfinite[layer]),
             act_nonfinite_count=round(act_nonfinite[layer]),
         )
-    # The release of the step's synchronisation point is the last rank's arrival: every
-    # other rank waits that long for it (clocks of different hosts agree to NTP accuracy).
-    arrival = ranks[:, _SLOT["arrival_unix_s"]]
-    release = float(arrival.max())
     for rank in range(layout.world_size):
         slot = {name: float(x) for name, x in zip(RANK_SLOT, ranks[rank], strict=True)}
         builder.append(
