@@ -126,7 +126,7 @@ STEPS = Table(
     doc="One row per logged optimizer step: global quantities of the whole job.",
     fields=(
         Field("step", "int64", "optimizer step, counted from 0"),
-        Field("time_unix_s", "float64", "when rank 0 finished the step"),
+        Field("time_unix_s", "float64", "when the last rank reached the step's end"),
         Field("loss", "float64", "token-weighted mean training loss", finite=False),
         Field(
             "grad_norm", "float64", "global L2 norm of all gradients, before clipping", finite=False
