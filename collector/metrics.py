@@ -105,10 +105,10 @@ class TrainvitalsCollector(Collector):
         yield alerts
         yield dropped
         yield ended
-        yield from _self_metrics(stats, self.store.queue_depth)
+        yield from _self_metrics(stats, self.store.queue_depth, self.store.analysis)
 
 
-def _self_metrics(stats, queue_depth: int):
+def _self_metrics(stats, queue_depth: int, analysis):
     requests = CounterMetricFamily(
         "trainvitals_collector_http_requests",
         "HTTP requests served, by status code.",
@@ -149,6 +149,21 @@ def _self_metrics(stats, queue_depth: int):
         "trainvitals_collector_written_batches",
         "Batches written to the store.",
         value=stats.written_batches,
+    )
+    yield CounterMetricFamily(
+        "trainvitals_collector_commits",
+        "Store transactions; each holds every batch that was waiting (a group commit).",
+        value=stats.commits,
+    )
+    yield GaugeMetricFamily(
+        "trainvitals_collector_analysis_lag_seconds",
+        "Age of the oldest committed step the analyzer has not seen yet (about 1 s normally).",
+        value=analysis.lag_s,
+    )
+    yield CounterMetricFamily(
+        "trainvitals_collector_analysis_errors",
+        "Windows of steps the live analyzer failed on (see the collector's log).",
+        value=analysis.errors,
     )
 
 

@@ -1,11 +1,15 @@
 """The DuckDB store: one connection per process, one writer thread, cursors for readers.
 
 Ingest hands validated Arrow tables to `submit`, which enqueues them and returns a future.
-The writer thread wakes as soon as a batch is queued, runs the analyzer on the new records
-and appends records and alerts in one transaction per batch: a batch is stored whole or not
-at all, and ingest answers only once the future says it is committed, so an acknowledged
-batch survives a kill -9 of the collector. `INSERT OR IGNORE` on each table's key makes a
-resent batch a no-op.
+The writer thread wakes as soon as a batch is queued, takes every batch waiting behind it
+too (a group commit) and appends them with one INSERT per table in one transaction, then
+completes their futures: ingest answers only once the future says its batch is committed,
+so an acknowledged batch survives a kill -9 of the collector. If a group fails, its
+batches are retried one by one, so that one bad batch fails alone and every batch is
+still stored whole or not at all. `INSERT OR IGNORE` on each table's key makes a resent
+batch a no-op, also when the first copy is in the same group.
+
+The analyzer runs behind the writer, on the committed rows (analysis.py), not in the commit.
 """
 
 from __future__ import annotations
@@ -21,15 +25,27 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from trainvitals.analyzer import Alert, Analyzer
-from trainvitals.schema import ALERTS, DTYPES, STORE_TABLES, Table, ddl
+from trainvitals.analyzer import Analyzer
+from trainvitals.schema import DTYPES, STORE_TABLES, Table, ddl
 
+from .analysis import LiveAnalysis
 from .state import LiveState
 
 log = logging.getLogger(__name__)
 
 
 RETENTION_CHECK_S = 3600.0  # how often an idle writer looks for expired runs
+GROUP_MAX_BATCHES = 256  # batches committed together at most (one transaction)
+# Rows per row group of the store. DuckDB writes the rows a transaction appends to a table
+# straight to the database file, compressed, once they fill a row group (an "optimistic
+# write"); smaller appends go to the write-ahead log, and every 16 MB of log a checkpoint
+# compresses them again, inside a commit. With DuckDB's default 122,880-row groups every
+# commit of a few thousand-rank steps took that path: 2.5x the CPU per row, and a
+# checkpoint stall every few commits. At 4,096 rows, a group commit of 8,192 ranks rows
+# commits in 80 ms (p99 115 ms, against 75 and 200 ms at 16,384) and queries slow by
+# under 10% (bench/ingest.py, docs/scaling.md).
+ROW_GROUP_SIZE = 4096
+_DB = "store"  # the store's name in the connection's catalog
 
 
 class StoreError(RuntimeError):
@@ -53,18 +69,21 @@ class Store:
         state: LiveState | None = None,
         queue_max_batches: int = 1024,
         retention_days: float = 0,
+        analysis_delay_s: float = 1.0,
     ) -> None:
         self.path = path
         self.read_only = read_only
         try:
-            self._con = _open_read_only(path) if read_only else duckdb.connect(path)
+            self._con = _open_read_only(path) if read_only else _open_writable(path)
         except duckdb.Error as e:
             raise StoreError(f"cannot open store {path!r}: {e}") from e
         if not read_only:
             self._create_tables()
-        self.analyzer = analyzer or Analyzer()
         self.state = state or LiveState()
         self.state.load(self.query)  # /metrics is whole again after a restart
+        self.analysis = LiveAnalysis(
+            self.cursor, analyzer or Analyzer(), self.state, analysis_delay_s
+        )
         self.retention_days = retention_days
         self._queue: queue.Queue = queue.Queue(maxsize=queue_max_batches)
         self._writer: threading.Thread | None = None
@@ -88,6 +107,7 @@ class Store:
     def start(self) -> None:
         if self.read_only:
             return
+        self.analysis.start()
         self._writer = threading.Thread(
             target=self._write_loop, name="trainvitals-writer", daemon=True
         )
@@ -112,8 +132,15 @@ class Store:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
-    def _write_loop(self) -> None:
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A cursor of the store's connection, for one thread (cursors are per thread)."""
         cur = self._con.cursor()
+        if not self.read_only:
+            cur.execute(f"USE {_DB}")  # a cursor starts in the connection's in-memory catalog
+        return cur
+
+    def _write_loop(self) -> None:
+        cur = self.cursor()
         self.drop_expired(cur)
         while True:
             try:
@@ -124,61 +151,61 @@ class Store:
             if item is _STOP:
                 self._queue.task_done()
                 return
-            batch = [item]
+            group = [item]
             # Take whatever else is waiting: fewer, larger transactions.
-            while len(batch) < 256:
+            while len(group) < GROUP_MAX_BATCHES:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is _STOP:
-                    self._write(cur, batch)
+                    self._write(cur, group)
                     self._queue.task_done()
                     return
-                batch.append(nxt)
-            self._write(cur, batch)
+                group.append(nxt)
+            self._write(cur, group)
 
-    def _write(self, cur: duckdb.DuckDBPyConnection, batch: list[tuple]) -> None:
-        for run_id, tables, done in batch:
-            start = time.perf_counter()
-            try:
-                alerts = self.analyzer.observe(run_id, tables)
-                self._append(cur, tables, alerts)
-            except Exception as e:
-                # Counted and exported (trainvitals_collector_write_errors_total); the sender
-                # hears of it and resends; later batches still land.
-                log.exception("writing a batch of run %s failed", run_id)
-                self.state.count_write(None)
-                done.set_exception(StoreError(f"batch not stored: {e}"))
-                continue
-            self.state.update(run_id, tables, alerts)
-            self.state.count_write(time.perf_counter() - start)
+    def _write(self, cur: duckdb.DuckDBPyConnection, group: list[tuple]) -> None:
+        start = time.perf_counter()
+        try:
+            _append(cur, [tables for _, tables, _ in group])
+            stored = group
+        except Exception as e:
+            if len(group) == 1:
+                stored = self._failed(group[0], e)
+            else:  # find the bad batch: the others still land, each whole
+                stored = [item for item in group if self._write_one(cur, item)]
+        seconds = time.perf_counter() - start
+        for run_id, tables, done in stored:
+            self.state.update(run_id, tables)
             done.set_result(None)
-        for _ in batch:
+            self.analysis.committed(run_id, tables)  # waits if the analyzer is far behind
+        if stored:
+            self.state.count_write(seconds, batches=len(stored))
+        for _ in group:
             self._queue.task_done()
 
-    def _append(
-        self, cur: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], alerts: list[Alert]
-    ) -> None:
-        if alerts:
-            tables = {**tables, "alerts": _alerts_table(alerts)}
-        cur.execute("BEGIN")
+    def _write_one(self, cur: duckdb.DuckDBPyConnection, item: tuple) -> bool:
         try:
-            for name, arrow in tables.items():
-                cols = ", ".join(arrow.column_names)
-                cur.register("incoming", arrow)
-                cur.execute(f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM incoming")
-                cur.unregister("incoming")
-            cur.execute("COMMIT")
-        except Exception:
-            cur.execute("ROLLBACK")
-            raise
+            _append(cur, [item[1]])
+            return True
+        except Exception as e:
+            return bool(self._failed(item, e))
+
+    def _failed(self, item: tuple, error: Exception) -> list:
+        # Counted and exported (trainvitals_collector_write_errors_total); the sender hears
+        # of it and resends; later batches still land.
+        run_id, _, done = item
+        log.exception("writing a batch of run %s failed", run_id)
+        self.state.count_write(None)
+        done.set_exception(StoreError(f"batch not stored: {error}"))
+        return []
 
     def drop_expired(self, cur: duckdb.DuckDBPyConnection | None = None) -> list[str]:
         """Delete every row of runs whose last step is older than `retention_days`."""
         if not self.retention_days or self.read_only:
             return []
-        cur = cur or self._con.cursor()
+        cur = cur or self.cursor()
         cutoff = time.time() - self.retention_days * 86_400
         expired = [r[0] for r in cur.execute(
             "SELECT run_id FROM (SELECT run_id, max(time_unix_s) AS t FROM steps GROUP BY run_id "
@@ -191,18 +218,21 @@ class Store:
                 cur.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [expired])
             cur.execute("COMMIT")
             self.state.forget(expired)
+            self.analysis.forget(expired)
             log.info(
                 "retention: dropped %d runs older than %g days", len(expired), self.retention_days
             )
         return expired
 
     def flush(self, timeout_s: float = 10.0) -> None:
-        """Block until everything submitted so far is written (tests and shutdown)."""
+        """Block until everything submitted so far is written and analysed (tests, shutdown)."""
         deadline = time.monotonic() + timeout_s
         while self._queue.unfinished_tasks:
             if time.monotonic() > deadline:
                 raise StoreError("flush timed out")
             time.sleep(0.01)
+        if self._writer is not None and not self.analysis.drain(deadline - time.monotonic()):
+            raise StoreError("flush timed out waiting for the analyzer")
 
     def close(self, timeout_s: float = 30.0) -> None:
         if self._writer is not None:
@@ -212,17 +242,29 @@ class Store:
                 log.error(
                     "writer did not finish within %.0f s; unwritten batches are lost", timeout_s
                 )
+            self.analysis.close(timeout_s)
         self._con.close()
 
     # ------------------------------------------------------------------ reading
 
     def query(self, sql: str, params: list[Any] | None = None) -> pa.Table:
         """Run a read query on a cursor of its own (cursors are per thread in DuckDB)."""
-        cur = self._con.cursor()
+        cur = self.cursor()
         try:
             return cur.sql(sql, params=params or None).to_arrow_table()
         finally:
             cur.close()
+
+
+def _open_writable(path: str) -> duckdb.DuckDBPyConnection:
+    """The store file, attached with ROW_GROUP_SIZE-row groups (see above) as the default."""
+    con = duckdb.connect()
+    quoted = path.replace("'", "''")
+    # Spill files next to the store, as DuckDB puts them for a database opened directly.
+    con.execute(f"SET temp_directory = '{quoted}.tmp'")
+    con.execute(f"ATTACH '{quoted}' AS {_DB} (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
+    con.execute(f"USE {_DB}")
+    return con
 
 
 def _open_read_only(path: str) -> duckdb.DuckDBPyConnection:
@@ -267,13 +309,30 @@ def _parquet_source(root: Path, table: str) -> str | None:
     return f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
 
 
-def _alerts_table(alerts: list[Alert]) -> pa.Table:
-    names = ["run_id", *(f.name for f in ALERTS.fields)]
-    rows = [a.to_dict() for a in alerts]
-    return pa.Table.from_pylist(rows, schema=_ALERT_SCHEMA).select(names)
+def _append(cur: duckdb.DuckDBPyConnection, batches: list[dict[str, pa.Table]]) -> None:
+    """One transaction, one INSERT per table, for every batch of `batches` together."""
+    by_table: dict[str, list[pa.Table]] = {}
+    for tables in batches:
+        for name, arrow in tables.items():
+            by_table.setdefault(name, []).append(arrow)
+    merged = {n: p[0] if len(p) == 1 else pa.concat_tables(p) for n, p in by_table.items()}
+    try:
+        _insert(cur, merged, "INSERT")
+    except duckdb.ConstraintException:
+        # A key is stored already (a resend) or twice in the group. Rarely so: plain INSERT
+        # first, as OR IGNORE costs about twice the CPU per row even when nothing conflicts.
+        _insert(cur, merged, "INSERT OR IGNORE")
 
 
-_ALERT_SCHEMA = pa.schema(
-    [("run_id", pa.string())]
-    + [(f.name, pa.type_for_alias(DTYPES[f.dtype][1])) for f in ALERTS.fields]
-)
+def _insert(cur: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], verb: str) -> None:
+    cur.execute("BEGIN")
+    try:
+        for name, arrow in tables.items():
+            cols = ", ".join(arrow.column_names)
+            cur.register("incoming", arrow)
+            cur.execute(f"{verb} INTO {name} ({cols}) SELECT {cols} FROM incoming")
+            cur.unregister("incoming")
+        cur.execute("COMMIT")
+    except Exception:
+        cur.execute("ROLLBACK")
+        raise

@@ -617,8 +617,10 @@ def _binary_column(spec: Table, name: str, column: Any) -> Any:
     f = spec.by_name.get(name)
     if f is None:
         raise SchemaError(f"{spec.name}: unknown field {name!r}")
-    if isinstance(column, list) or f.dtype not in _BINARY_DTYPES:
+    if isinstance(column, list):
         return column
+    if f.dtype not in _BINARY_DTYPES:  # strings travel as lists
+        return column.tolist() if hasattr(column, "tolist") else column.to_pylist()
     import numpy as np
     import pyarrow as pa
 

@@ -1,0 +1,194 @@
+"""The fleet simulator: fault specs, determinism, ground truth, and documents the schema takes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from trainvitals.schema import RANKS, to_arrow
+from trainvitals.sender import merge, points
+from trainvitals.simulate import Fault, FleetSpec, parse_fault, simulate
+
+
+def _docs(**kw) -> list[dict]:
+    spec = FleetSpec(**{"ranks": 16, "layers": 4, "step_time_s": 0.5, "steps": 20, **kw})
+    return list(simulate(spec))
+
+
+def _column(docs: list[dict], table: str, name: str) -> list:
+    return [v for d in docs if table in d and name in d[table] for v in list(d[table][name])]
+
+
+def test_parse_fault_reads_every_kind_with_defaults() -> None:
+    assert parse_fault("straggler:rank=3,step=100,slowdown=0.2") == Fault(
+        "straggler", 100, 3, {"slowdown": 0.2}
+    )
+    assert parse_fault("sdc:rank=1,step=5").params == {"grad_factor": 30.0}
+    assert parse_fault("spike:step=7,factor=4") == Fault("spike", 7, -1, {"factor": 4.0})
+    assert parse_fault("nan:step=9") == Fault("nan", 9)
+    assert parse_fault("stall:step=3,seconds=30") == Fault("stall", 3, -1, {"seconds": 30.0})
+    throttle = parse_fault("throttle:rank=2,step=4,reasons=0x40")
+    assert throttle.params == {"clock_drop": 0.3, "reasons": 64.0}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("meltdown:step=1", "unknown kind 'meltdown'"),
+        ("straggler:rank=1,step=2", r"missing \['slowdown'\]"),
+        ("straggler:rank=1,step=2,slowdown=0.2,speed=3", "unexpected 'speed=3'"),
+        ("straggler:rank=1,step=2,slowdown", "unexpected 'slowdown'"),
+        ("straggler:rank=1.5,step=2,slowdown=0.2", "rank must be a whole number"),
+        ("straggler:rank=1,step=2,slowdown=fast", "slowdown must be a number"),
+        ("straggler:rank=1,step=2,slowdown=0", r"slowdown must be in \(0, 10\]"),
+        ("sdc:rank=-1,step=2", "step and rank must be >= 0"),
+        ("stall:step=2,seconds=-1", "seconds must be > 0"),
+        ("throttle:rank=0,step=1,clock_drop=1.5", "clock_drop must be in"),
+    ],
+)
+def test_bad_fault_specs_say_what_is_wrong(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_fault(spec)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"ranks": 0}, "FleetSpec.ranks"),
+        ({"step_time_s": 0}, "FleetSpec.step_time_s"),
+        ({"log_every": 3, "canary_every": 10}, "multiple of log_every"),
+        ({"faults": ("sdc:rank=16,step=1",)}, r"rank 16 >= ranks \(16\)"),
+    ],
+)
+def test_bad_fleet_specs_name_the_field(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FleetSpec(**{"ranks": 16, "layers": 4, "step_time_s": 0.5, "steps": 20, **change})
+
+
+def test_every_document_validates_and_holds_one_logged_step() -> None:
+    docs = _docs(log_every=2, canary_every=10)
+    run_id, tables = to_arrow(docs[0])
+    assert run_id == "sim-0" and set(tables) == {"runs"}
+    assert tables["runs"].column("world_size").to_pylist() == [16]
+    for doc in docs[1:]:
+        _, tables = to_arrow(doc)
+        (step,) = tables["steps"].column("step").to_pylist()
+        assert step % 2 == 0
+        assert tables["layers"].num_rows == 4 and tables["ranks"].num_rows == 16
+        assert set(tables["ranks"].column("step").to_pylist()) == {step}
+        canary = tables["ranks"].column("canary_fingerprint")
+        assert canary.null_count == (0 if step % 10 == 0 else 16)
+    assert _column(docs, "events", "kind") == ["run_end"]
+
+
+def test_the_ranks_rows_carry_every_field() -> None:
+    (first_step,) = [d for d in _docs() if "ranks" in d][:1]
+    assert set(first_step["ranks"]) == {f.name for f in RANKS.fields}
+
+
+def test_a_seed_fixes_every_value() -> None:
+    a, b, c = _docs(seed=1), _docs(seed=1), _docs(seed=2)
+    assert _column(a, "ranks", "compute_time_s") == _column(b, "ranks", "compute_time_s")
+    assert _column(a, "steps", "loss") == _column(b, "steps", "loss")
+    assert _column(a, "ranks", "compute_time_s") != _column(c, "ranks", "compute_time_s")
+
+
+def test_faults_change_what_they_should_and_are_recorded_as_ground_truth() -> None:
+    faults = (
+        "straggler:rank=3,step=5,slowdown=0.5",
+        "sdc:rank=7,step=10",
+        "spike:step=12,factor=5",
+        "nan:step=15",
+        "stall:step=16,seconds=20",
+        "throttle:rank=1,step=8",
+    )
+    clean, faulty = _docs(canary_every=5), _docs(canary_every=5, faults=faults)
+    rows = [
+        dict(zip(d["events"], row, strict=True))
+        for d in faulty
+        if "events" in d
+        for row in zip(*d["events"].values(), strict=True)
+    ]
+    truth = {(e["kind"], e["rank"], e["step"]) for e in rows}
+    assert truth == {
+        ("fault:straggler", 3, 5),
+        ("fault:sdc", 7, 10),
+        ("fault:spike", -1, 12),
+        ("fault:nan", -1, 15),
+        ("fault:stall", -1, 16),
+        ("fault:throttle", 1, 8),
+        ("run_end", -1, 20),
+    }
+    straggler = next(e for e in rows if e["kind"] == "fault:straggler")
+    assert json.loads(straggler["detail"]) == {"slowdown": 0.5}
+
+    def step(docs, n):
+        return next(d for d in docs if "steps" in d and d["steps"]["step"][0] == n)
+
+    s6, c6 = step(faulty, 6)["ranks"], step(clean, 6)["ranks"]
+    ratio = s6["compute_time_s"] / c6["compute_time_s"]
+    assert ratio[3] == pytest.approx(1.5) and np.allclose(np.delete(ratio, 3), 1.0)
+    assert s6["wait_time_s"][3] == 0.0  # everyone waits for the straggler
+    s10 = step(faulty, 10)["ranks"]
+    fingerprints = s10["canary_fingerprint"]
+    assert (np.delete(fingerprints, 7) == fingerprints[0]).all()
+    assert fingerprints[7] != fingerprints[0]
+    replicas = s10["replica_fingerprint"]
+    peers = s10["replica_group"] == s10["replica_group"][7]
+    assert len(set(replicas[peers].tolist())) == 2  # rank 7 disagrees with its replicas
+    assert s10["grad_norm_local"][7] > 10 * np.median(s10["grad_norm_local"])
+    spike, before = step(faulty, 12)["steps"]["loss"][0], step(faulty, 11)["steps"]["loss"][0]
+    assert spike > 3 * before
+    nan = step(faulty, 15)
+    assert math.isnan(nan["steps"]["loss"][0]) and math.isnan(nan["steps"]["grad_norm"][0])
+    assert nan["layers"]["nonfinite_count"][-1] > 0
+    stall = step(faulty, 16)["steps"]["step_time_s"][0]
+    assert stall > 20 > step(clean, 16)["steps"]["step_time_s"][0]
+    s9 = step(faulty, 9)["ranks"]
+    assert s9["throttle_reasons"][1] == 0x20 and s9["throttle_reasons"][0] == 0
+    assert s9["sm_clock_mhz"][1] < 0.75 * s9["sm_clock_mhz"][0]
+
+
+def test_per_node_documents_hold_the_same_rows() -> None:
+    spec = {"ranks": 20, "layers": 2, "step_time_s": 1.0, "steps": 3, "ranks_per_node": 8}
+    whole = list(simulate(FleetSpec(**spec)))
+    split = list(simulate(FleetSpec(**spec), per_node=True))
+    assert len(split) == 1 + 3 * 3  # runs, then 3 nodes (8 + 8 + 4 ranks) per step
+    assert [len(d["ranks"]["rank"]) for d in split[1:4]] == [8, 8, 4]
+    assert "steps" in split[1] and "steps" not in split[2]
+    assert _column(split, "ranks", "loss") == _column(whole, "ranks", "loss")
+
+
+def test_merged_documents_keep_rows_and_nulls() -> None:
+    docs = _docs(canary_every=10)[1:4]  # steps 0 (a canary step), 1 and 2
+    merged = merge(docs)
+    _, tables = to_arrow(merged)
+    assert tables["ranks"].num_rows == 48
+    assert tables["ranks"].column("canary_fingerprint").null_count == 32
+    assert points(merged) == sum(points(d) for d in docs)
+
+
+def test_cli_writes_json_lines_and_refuses_bad_faults(tmp_path) -> None:
+    out = tmp_path / "sim.jsonl"
+    argv = [sys.executable, "-m", "trainvitals", "simulate", "--ranks", "8", "--layers", "2"]
+    ok = subprocess.run(
+        [*argv, "--step-time", "0.1", "--steps", "5", "--out", str(out), "--fault", "nan:step=2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    lines = out.read_bytes().splitlines()
+    assert len(lines) == 6 and b'"loss":["NaN"]' in lines[3]
+    bad = subprocess.run(
+        [*argv, "--step-time", "0.1", "--out", str(out), "--fault", "nan:when=2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "unexpected 'when=2'" in bad.stderr
