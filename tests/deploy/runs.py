@@ -100,5 +100,15 @@ def stored_last_step(collector_url: str, run_id: str) -> int:
     return next((r["last_step"] for r in runs if r["run_id"] == run_id), -1)
 
 
+def analysis_caught_up(collector_url: str) -> bool:
+    """Has the collector's live analyzer seen every committed step? (It runs about 1 s
+    behind the writer, on its own thread.)"""
+    text = httpx.get(f"{collector_url}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith("trainvitals_collector_analysis_lag_seconds "):
+            return float(line.split()[1]) == 0.0
+    raise AssertionError("the collector does not export its analysis lag")
+
+
 def analyzer_alerts(collector_url: str, run_id: str) -> list[dict]:
     return httpx.get(f"{collector_url}/api/v1/runs/{run_id}/alerts", timeout=5).json()

@@ -107,6 +107,7 @@ def test_a_clean_run_pages_nobody(stack: Stack) -> None:
     last = HISTORY_STEPS + FAULT_STEPS - 1
     runs.post(stack.collector.url, runs.batch(run_id, range(HISTORY_STEPS, last + 1)))
     wait_until(lambda: runs.stored_last_step(stack.collector.url, run_id) == last)
+    wait_until(lambda: runs.analysis_caught_up(stack.collector.url))
     assert runs.analyzer_alerts(stack.collector.url, run_id) == []
 
     # Prometheus has scraped the whole run, and every rule group has been evaluated since:
@@ -137,6 +138,7 @@ def test_an_injected_fault_reaches_the_webhook(
     # First the analyzer must flag it; otherwise fail now, naming the stage that missed it.
     last = HISTORY_STEPS + FAULT_STEPS - 1
     wait_until(lambda: runs.stored_last_step(stack.collector.url, run_id) == last)
+    wait_until(lambda: runs.analysis_caught_up(stack.collector.url))
     kinds = {a["kind"] for a in runs.analyzer_alerts(stack.collector.url, run_id)}
     if labels["kind"] not in kinds:
         pytest.fail(f"the analyzer raised no {labels['kind']!r} alert (got {sorted(kinds)})")
