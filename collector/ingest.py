@@ -71,6 +71,8 @@ def _gunzip(body: bytes, limit: int) -> bytes:
         raise HTTPException(400, f"body is not valid gzip: {e}") from e
     if len(out) > limit or d.unconsumed_tail:
         raise HTTPException(413, f"decompressed body exceeds the limit of {limit} bytes")
+    if not d.eof or d.unused_data:  # a cut-off stream, or bytes after its end
+        raise HTTPException(400, "body is not valid gzip: truncated, or data after its end")
     return out
 
 

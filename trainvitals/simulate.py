@@ -256,7 +256,7 @@ class _Fleet:
             "n_layers": s.layers,
             "layer_names_json": json.dumps(names),
             "world_size": s.ranks,
-            "dp": s.nodes,
+            "dp": s.ranks,  # every rank a data-parallel peer: the simulated job has no tp
             "tp": 1,
             "device_type": "cuda",
             "device_name": "NVIDIA H100 80GB HBM3 (simulated)",

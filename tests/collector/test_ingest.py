@@ -52,6 +52,8 @@ def _bad(doc_change):
         (_bad(lambda d: d["ranks"].pop("rank")), 422, "ranks.rank"),
         (b"x" * (1024 * 1024 + 1), 413, "exceeds the limit"),
         (gzip.compress(b" " * (8 << 20)), 413, "decompressed body"),
+        (gzip.compress(make_batch().to_json())[:-9], 400, "truncated"),
+        (gzip.compress(make_batch().to_json()) + b"junk", 400, "after its end"),
     ],
 )
 def test_bad_input_is_refused_and_nothing_is_stored(client, body, status, message) -> None:
