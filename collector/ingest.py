@@ -35,7 +35,7 @@ DECODERS = {
 }
 
 
-def _check_token(settings: Settings, authorization: str | None) -> None:
+def check_token(settings: Settings, authorization: str | None) -> None:
     if not settings.ingest_token:
         return
     expected = f"Bearer {settings.ingest_token}"
@@ -45,7 +45,7 @@ def _check_token(settings: Settings, authorization: str | None) -> None:
         )
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused as soon as it exceeds `limit` bytes (before or after gzip)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -84,7 +84,7 @@ async def ingest(
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     """Store one schema batch (JSON or msgpack, optionally gzip). 202 once it is committed."""
-    _check_token(settings, authorization)
+    check_token(settings, authorization)
     if store.read_only:
         raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
@@ -93,7 +93,7 @@ async def ingest(
         raise HTTPException(
             415, f"content-type {ctype!r} is not supported; send one of {sorted(DECODERS)}"
         )
-    body = await _read_body(request, settings.max_body_bytes)
+    body = await read_body(request, settings.max_body_bytes)
     try:
         # CPU-bound: off the event loop.
         run_id, tables = await run_in_threadpool(lambda: to_arrow(decode(body)))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import zlib
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -41,7 +40,7 @@ from trainvitals.otlp import attribute_fields, is_ours, parse_metric_name
 from trainvitals.schema import SCHEMA_VERSION, TABLES, Field, SchemaError, Table, to_arrow
 
 from .deps import get_settings, get_store
-from .ingest import COMMIT_TIMEOUT_S, _check_token
+from .ingest import COMMIT_TIMEOUT_S, check_token, read_body
 from .settings import Settings
 from .store import QueueFull, Store, StoreError
 
@@ -321,7 +320,7 @@ async def receive_metrics(
 async def _receive(
     request: Request, ctype: str, settings: Settings, store: Store, authorization: str | None
 ) -> Rejections:
-    _check_token(settings, authorization)
+    check_token(settings, authorization)
     if store.read_only:
         raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
     if ctype not in (PROTOBUF, JSON):
@@ -354,38 +353,13 @@ async def _receive(
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused beyond `limit` bytes before or after gzip, or if gzip is damaged.
-
-    Stricter than ingest's reader: a truncated gzip stream is refused, since the intact
-    prefix of a protobuf body can itself parse as a valid, shorter request.
-    """
+    """The body, through ingest's bounded reader (refused beyond `limit` bytes before or
+    after gzip, or if the gzip stream is cut off: the intact prefix of a protobuf body could
+    itself parse as a valid, shorter request). OTLP allows gzip only."""
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "gzip"):
         raise HTTPException(415, f"content-encoding {encoding!r} is not supported; send gzip")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    if encoding != "gzip":
-        return body
-    d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # bounded: a small bomb stays small
-    try:
-        out = d.decompress(body, limit + 1)
-    except zlib.error as e:
-        raise HTTPException(400, f"body is not valid gzip: {e}") from e
-    if len(out) > limit or d.unconsumed_tail:
-        raise HTTPException(413, f"decompressed body exceeds the limit of {limit} bytes")
-    if not d.eof:
-        raise HTTPException(400, "body is not valid gzip: the stream is truncated")
-    if d.unused_data:
-        raise HTTPException(400, "body is not valid gzip: data follows the end of the stream")
-    return out
+    return await read_body(request, limit)
 
 
 def _encode(
