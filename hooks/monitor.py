@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -113,25 +114,12 @@ class _Event:
 
 
 @dataclass
-class _Values:
-    """The reduced SUM vector and MAX vector; on CUDA both in one pinned host tensor."""
-
-    first: torch.Tensor
-    maxima: torch.Tensor | None
-
-    def numpy(self, sum_size: int) -> tuple[Any, Any]:
-        if self.maxima is None:
-            both = self.first.numpy()
-            return both[:sum_size], both[sum_size:]
-        return self.first.numpy(), self.maxima.numpy()
-
-
-@dataclass
 class _Pending:
-    """A logged step in flight: `wait()` returns once `values` holds the reduced vectors."""
+    """A logged step in flight: once `wait()` returns, `parts` (the SUM vector then the MAX
+    vector, or on CUDA both in one pinned host tensor) hold the reduced values."""
 
     meta: StepMeta
-    values: _Values
+    parts: tuple[torch.Tensor, ...]
     wait: Callable[[], Any]
 
 
@@ -472,16 +460,15 @@ class Monitor:
             wait = lambda: [w.wait() for w in works]  # noqa: E731
         if pin:
             wait()  # on CUDA this orders our stream after the collective; the host does not block
-            both = torch.cat([vec, vec_max]).to("cpu", non_blocking=True)  # into pinned memory
+            parts = (torch.cat([vec, vec_max]).to("cpu", non_blocking=True),)  # pinned memory
             ready = torch.cuda.Event()
             ready.record()
             wait = ready.synchronize
         else:
-            both = None
+            parts = (vec, vec_max)
         meta = StepMeta(self.step_count, lr, self.flops_per_token, self.peak_flops_per_s)
-        values = _Values(vec, vec_max) if both is None else _Values(both, None)
         try:
-            self._queue.put_nowait(_Pending(meta, values, wait))
+            self._queue.put_nowait(_Pending(meta, parts, wait))
         except queue.Full:
             self.dropped_steps += 1  # exported as a counter; training never blocks on us
 
@@ -507,9 +494,10 @@ class Monitor:
                 item.wait()
                 if self.rank == 0:
                     meta = replace(item.meta, telemetry_dropped=self.telemetry_dropped)
-                    # sync point: host memory, after wait()
-                    values, maxima = item.values.numpy(self.layout.size)
-                    append_step(builder, self.layout, values, maxima, meta)
+                    parts = [p.numpy() for p in item.parts]  # sync point: host, after wait()
+                    both = np.concatenate(parts)
+                    size = self.layout.size
+                    append_step(builder, self.layout, both[:size], both[size:], meta)
             due = time.monotonic() - last_flush >= self.cfg.export_interval_s
             if len(builder) and (due or urgent):
                 self._export(builder)
