@@ -69,7 +69,13 @@ def resume(root: Path, model: nn.Module, optimizer, scheduler) -> Resumed | None
     if path is None:
         return None
     start = time.perf_counter()
-    meta = json.loads((path / "trainer.json").read_text())
+    try:
+        meta = json.loads((path / "trainer.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"checkpoint {path} (named by {root / 'latest'}) is incomplete or damaged: {e}; "
+            "point `latest` at an intact step-* folder, or start without --resume"
+        ) from e
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -51,3 +52,15 @@ def test_resumed_run_continues_exactly_and_records_restart(tmp_path: Path) -> No
         assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), (step, got, want)
     assert ("restart", 8) in events
     assert {("checkpoint", 3), ("checkpoint", 7), ("checkpoint", 11)} <= set(events)
+
+
+def test_a_damaged_checkpoint_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "step-00000003").mkdir()
+    (tmp_path / "latest").write_text("step-00000003")  # named, but never completed
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "train", "--steps", "3",
+         "--checkpoint-dir", str(tmp_path), "--resume"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "incomplete or damaged" in proc.stderr and "Traceback" not in proc.stderr
