@@ -88,16 +88,14 @@ class NonFiniteDetector:
         )
         what = "; ".join(bad) or "in layer statistics"
         return [
-            Alert(
-                run_id=s.run_id,
-                step=s.step,
+            Alert.at(
+                s,
                 kind=self.kind,
                 severity="critical",
                 message=(
                     f"non-finite values at step {s.step}: {what}{where}{who}. Data: "
                     + data_query(s.run_id, "layers", "act_nonfinite_count", s.step, s.step)
                 ),
-                time_unix_s=s.time_unix_s,
                 value=s.loss if "loss" in bad else s.grad_norm if "grad_norm" in bad else None,
                 rank=rank,
                 layer=layer,
@@ -207,13 +205,11 @@ class LossSpikeDetector:
             queries.append(data_query(s.run_id, "layers", stat, start, s.step))
         if s.ranks is not None:
             queries.append(data_query(s.run_id, "ranks", "loss", s.step, s.step))
-        return Alert(
-            run_id=s.run_id,
-            step=s.step,
+        return Alert.at(
+            s,
             kind=self.kind,
             severity="warning",
             message="; ".join(parts) + ". Data: " + ", ".join(queries),
-            time_unix_s=s.time_unix_s,
             value=s.loss,
             baseline=baseline,
             rank=rank,
@@ -282,9 +278,8 @@ class LossSpikeDetector:
             return []
         self._episode = None
         return [
-            Alert(
-                run_id=s.run_id,
-                step=s.step,
+            Alert.at(
+                s,
                 kind="loss_diverging",
                 severity="critical",
                 message=(
@@ -292,7 +287,6 @@ class LossSpikeDetector:
                     f"{s.loss:.4g} at step {s.step} against {baseline:.4g} before it; "
                     "roll back to a checkpoint before the spike"
                 ),
-                time_unix_s=s.time_unix_s,
                 value=s.loss,
                 baseline=baseline,
             )

@@ -96,9 +96,8 @@ class CanaryDetector:
 
     def _alert(self, s: StepView, ranks: list[int], n_wrong: int, n_ranks: int) -> Alert:
         who = f"{name_ranks(ranks)}'s" if ranks else "the ranks'"
-        return Alert(
-            run_id=s.run_id,
-            step=s.step,
+        return Alert.at(
+            s,
             kind=self.kind,
             severity="critical",
             message=(
@@ -109,7 +108,6 @@ class CanaryDetector:
                 "since its last agreeing canary. Data: "
                 + data_query(s.run_id, "ranks", "canary_fingerprint", s.step, s.step)
             ),
-            time_unix_s=s.time_unix_s,
             rank=ranks[0] if ranks else None,
         )
 
@@ -157,15 +155,13 @@ class ReplicaDetector:
                 "some member is corrupt, which one the fingerprints cannot tell"
             )
         return [
-            Alert(
-                run_id=s.run_id,
-                step=s.step,
+            Alert.at(
+                s,
                 kind=self.kind,
                 severity="critical",
                 message="; ".join(parts)
                 + ". Data: "
                 + data_query(s.run_id, "ranks", "replica_fingerprint", s.step, s.step),
-                time_unix_s=s.time_unix_s,
                 rank=new[0] if new else None,
             )
         ]
@@ -276,9 +272,8 @@ class PeerOutlierDetector:
         # A count reaches min_hits only on a step that carried its signal: one is here.
         signal = next(n for n, (_, c) in evidence.items() if c[first] >= self.min_hits)
         return [
-            Alert(
-                run_id=s.run_id,
-                step=s.step,
+            Alert.at(
+                s,
                 kind=self.kind,
                 severity="warning",
                 message=(
@@ -288,7 +283,6 @@ class PeerOutlierDetector:
                     "points at the rank's device (SDC) or its data; check its canary. Data: "
                     + data_query(s.run_id, "ranks", signal, s.step - self.window, s.step)
                 ),
-                time_unix_s=s.time_unix_s,
                 value=math.exp(evidence[signal][0][first]),
                 baseline=1.0,
                 rank=ids[0],

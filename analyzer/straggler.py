@@ -119,9 +119,8 @@ class StragglerDetector:
     def _alert(self, s: StepView, ranks: list[int], ratio: float, lost_s: float) -> Alert:
         rank = ranks[0]
         others = f" (also {name_ranks(ranks[1:])})" if len(ranks) > 1 else ""
-        return Alert(
-            run_id=s.run_id,
-            step=s.step,
+        return Alert.at(
+            s,
             kind=self.kind,
             severity="warning",
             message=(
@@ -131,7 +130,6 @@ class StragglerDetector:
                 "Data: "
                 + data_query(s.run_id, "ranks", "compute_time_s", s.step - self.window, s.step)
             ),
-            time_unix_s=s.time_unix_s,
             value=ratio,
             baseline=1.0,
             rank=rank,

@@ -120,9 +120,8 @@ class ThrottleDetector:
             )
         ids = r.rank[new].tolist()
         return [
-            Alert(
-                run_id=s.run_id,
-                step=s.step,
+            Alert.at(
+                s,
                 kind=self.kind,
                 severity="warning",
                 message=(
@@ -132,7 +131,6 @@ class ThrottleDetector:
                     "capping and the node's power supply. Data: "
                     + data_query(s.run_id, "ranks", "sm_clock_mhz", s.step - self.window, s.step)
                 ),
-                time_unix_s=s.time_unix_s,
                 value=value,
                 baseline=baseline,
                 rank=ids[0],

@@ -45,9 +45,8 @@ class ThroughputDropDetector:
             self._dropped = True
             now = sorted(self._recent)[len(self._recent) // 2]
             return [
-                Alert(
-                    run_id=s.run_id,
-                    step=s.step,
+                Alert.at(
+                    s,
                     kind=self.kind,
                     severity="warning",
                     message=(
@@ -55,7 +54,6 @@ class ThroughputDropDetector:
                         f"{self.recent_steps} steps, {100 * (1 - now / baseline):.0f}% below "
                         f"the run's {baseline:,.0f} tokens/s before; MFU fell with it"
                     ),
-                    time_unix_s=s.time_unix_s,
                     value=now,
                     baseline=baseline,
                 )
