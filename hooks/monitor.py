@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from trainvitals.schema import BatchBuilder
@@ -125,6 +126,10 @@ class _Pending:
 
 _STOP = object()
 
+# Steps whose extrema may wait for a fold: bounds the small device tensors held between
+# logged steps when the interval is long.
+FOLD_STEPS = 64
+
 
 def attach(
     model: nn.Module,
@@ -202,6 +207,11 @@ class Monitor:
         self.comms.armed = self._active
         self._reset_activations()
         self._reset_accumulators()
+        # Block-output extrema: this step's, by layer; then every step's since the last fold.
+        self._step_extrema: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._lows: list[torch.Tensor] = []
+        self._highs: list[torch.Tensor] = []
+        self._zero = torch.zeros((), device=self.device)
         self._handles = [
             m.register_forward_hook(self._activation_hook(i))
             for i, m in enumerate(self.layers.modules)
@@ -283,38 +293,62 @@ class Monitor:
     def _reset_accumulators(self) -> None:
         """What every step adds to between logged steps: maxima and non-finite steps."""
         n = len(self.layers.names)
-        self._step_max = torch.zeros(n, dtype=torch.float64, device=self.device)
         self._act_max = torch.zeros(n, dtype=torch.float64, device=self.device)
         self._act_bad_steps = torch.zeros(n, dtype=torch.float64, device=self.device)
         self._bad_steps = torch.zeros((), dtype=torch.float64, device=self.device)
 
-    def _fold_step(self, loss: torch.Tensor) -> None:
-        """End of every step: fold its maxima into the running ones. A non-finite value
-        anywhere in an output makes its max-abs non-finite, so steps that held one are
-        counted from the maxima alone: one read of each output per step, no more."""
-        bad = ~torch.isfinite(self._step_max)
-        self._act_max = torch.maximum(self._act_max, self._step_max)  # NaN stays NaN
-        self._act_bad_steps += bad
-        self._bad_steps += bad.any() | ~torch.isfinite(loss)
-        self._step_max.zero_()
+    def _end_step(self, loss: torch.Tensor) -> None:
+        """Line up this step's extrema, one (min, max) pair per layer and the loss, behind
+        those of the steps before it. Nothing runs on the device here: the pairs are folded
+        into the running maxima once per logged step (or every FOLD_STEPS steps)."""
+        zero = self._zero
+        for i in range(len(self.layers.names)):
+            low, high = self._step_extrema.get(i, (zero, zero))  # a layer not run: 0
+            self._lows.append(low)
+            self._highs.append(high)
+        self._lows.append(loss)
+        self._highs.append(loss)
+        self._step_extrema = {}
+        if self._active or len(self._lows) >= FOLD_STEPS * (len(self.layers.names) + 1):
+            self._fold_extrema()
+
+    def _fold_extrema(self) -> None:
+        """Fold the lined-up steps into the running maxima and non-finite step counts. A
+        non-finite value anywhere in an output makes its max-abs non-finite, so the steps
+        that held one are counted from the maxima alone."""
+        n = len(self.layers.names)
+        lows = torch.stack(self._lows).double().view(-1, n + 1)  # a row per step
+        highs = torch.stack(self._highs).double().view(-1, n + 1)
+        self._lows, self._highs = [], []
+        max_abs = torch.maximum(-lows, highs)  # NaN stays NaN
+        bad = max_abs.isfinite().logical_not()
+        self._act_max = torch.maximum(self._act_max, max_abs[:, :n].amax(0))
+        self._act_bad_steps += bad[:, :n].sum(0)
+        self._bad_steps += bad.any(1).sum()  # the last column is the loss
 
     def _activation_hook(self, index: int) -> Callable:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
             out = output[0] if isinstance(output, tuple) else output
-            weight = replication_weight(out) if out is not local(out) else self._plain_weight
-            out = local(out).detach()
+            shard = local(out).detach()
+            if shard.numel() == 0:
+                return
             # Every step, one read of the output and no temporary: the max of copies is the
-            # max of one, and NaN propagates through both ends.
-            low, high = torch.aminmax(out)
-            self._step_max[index] = torch.maximum(-low, high)
+            # max of one, and NaN propagates through both ends. The pair waits, on the
+            # device, for the next fold.
+            low, high = torch.aminmax(shard)
+            seen = self._step_extrema.get(index)
+            if seen is not None:  # run again within the step: micro-batches, recomputation
+                low, high = torch.minimum(seen[0], low), torch.maximum(seen[1], high)
+            self._step_extrema[index] = (low, high)
             if not self._active:
                 return
-            sumsq = torch.linalg.vector_norm(out, dtype=torch.float32).double().square()
+            weight = replication_weight(out) if isinstance(out, DTensor) else self._plain_weight
+            sumsq = torch.linalg.vector_norm(shard, dtype=torch.float32).double().square()
             self._act_sumsq[index] += sumsq * weight
             # x - x is 0 for a finite x and NaN for NaN or inf: two passes, where isfinite
             # takes five.
-            self._act_nonfinite[index] += torch.count_nonzero(out - out) * weight
-            self._act_count[index] += out.numel() * weight
+            self._act_nonfinite[index] += torch.count_nonzero(shard - shard) * weight
+            self._act_count[index] += shard.numel() * weight
 
         return hook
 
@@ -375,8 +409,8 @@ class Monitor:
         now, arrival_unix_s = time.perf_counter(), time.time()
         step_time_s, self._last_step_end = now - self._last_step_end, now
         data_time_s, compute_time_s = self.timer.step()
-        loss = loss.detach()
-        self._fold_step(loss)
+        loss = loss.detach().reshape(())
+        self._end_step(loss)
         if self._active:
             timing = {
                 "step_time_s": step_time_s,
@@ -386,10 +420,10 @@ class Monitor:
             }
             self._launch(loss, tokens, lr, timing)
             self._reset_accumulators()  # after _launch copied them into its vector
+            self._reset_activations()
         self.step_count += 1
         self._active = self.step_count % self.cfg.log_every == 0
         self.comms.armed = self._active
-        self._reset_activations()
         if self._active:
             # The optimizer step that follows changes the parameters; the next (logged) step
             # measures that change against this copy. Costs one copy of the local shards,

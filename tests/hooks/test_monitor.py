@@ -124,6 +124,53 @@ def test_maxima_and_nonfinite_counts_accumulate_between_logged_steps(model) -> N
     assert layer0[8]["act_nonfinite_count"] == 0  # the values of step 8 itself are finite
 
 
+def test_long_interval_and_micro_batches_keep_every_maximum(model) -> None:
+    """Over an interval longer than a fold (FOLD_STEPS) and with two forwards per step, the
+    logged step still sees the largest output of any micro-batch and every bad step."""
+    from trainvitals.hooks.monitor import FOLD_STEPS
+
+    every = FOLD_STEPS + 16
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=every, peak_flops_per_s=1e12, run_id="t")
+    now = {"step": 0, "micro": 0}
+    seen_max: list[float] = []
+
+    def spike(_m, _i, output):
+        if (now["step"], now["micro"]) == (10, 0):  # before the first fold
+            output = output * 100.0
+        seen_max.append(output.detach().abs().max().item())
+        return output
+
+    def nan(_m, _i, output):
+        if (now["step"], now["micro"]) == (every - 3, 1):  # after it
+            output = output.clone()
+            output[0, 0, 0] = float("nan")
+        return output
+
+    model.layers[0].register_forward_hook(spike, prepend=True)
+    model.layers[1].register_forward_hook(nan, prepend=True)
+    x = torch.randint(0, 256, (2, 16))
+    for n in range(every + 1):
+        now["step"] = n
+        for micro in range(2):
+            now["micro"] = micro
+            F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        loss = torch.tensor(float("inf") if n == 30 else 1.0)  # a bad loss on its own
+        monitor.step(loss=loss, tokens=64)
+        model.zero_grad()
+    monitor.close()
+    layers = {(r["step"], r["layer"]): r for r in out.rows("layers")}
+    steps = {r["step"]: r for r in out.rows("steps")}
+    assert set(steps) == {0, every}
+    spiked = layers[every, 1]["act_max_abs"]  # layers.0: steps 1 to `every`, both micro-batches
+    assert spiked == pytest.approx(max(seen_max[2:]), rel=1e-6)
+    assert (
+        spiked > 50 * layers[0, 1]["act_max_abs"] and layers[every, 1]["act_nonfinite_steps"] == 0
+    )
+    assert layers[every, 2]["act_max_abs"] == "NaN" and layers[every, 2]["act_nonfinite_steps"] == 1
+    assert steps[every]["nonfinite_steps"] == 2  # the NaN output's step and the bad loss's
+
+
 def test_nonfinite_values_of_a_logged_step_are_counted(model) -> None:
     out = InMemoryExporter()
     monitor = attach(model, exporter=out, log_every=1, peak_flops_per_s=1e12, run_id="t")
