@@ -59,11 +59,13 @@ PY
 fi
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
 echo "== hook overhead on GPU"
-# preset:batch:blocks:log_every, in order; QUICK=1 leaves out the long every-step 1b run.
-runs="125m:16:10:10 1b:8:6:10 125m:16:10:1 1b:8:6:1"
-[ "${QUICK:-0}" = 1 ] && runs="125m:16:10:10 1b:8:6:10 125m:16:10:1"
+# preset:batch:rounds:intervals (each run also has a plain copy and a control, see the
+# script); QUICK=1 leaves out the 1b model's every-step copy.
+runs="125m:16:12:10,1 1b:8:8:10,1"
+[ "${QUICK:-0}" = 1 ] && runs="125m:16:12:10,1 1b:8:8:10"
 for r in $runs; do
-    IFS=: read -r preset batch blocks every <<< "$r"
-    python3 "$repo/bench/hook_overhead.py" --preset "$preset" --batch "$batch" --blocks "$blocks" \
-        --log-every "$every" 2>&1 | tail -3 | tee "$out/overhead_${preset}_every${every}.txt"
+    IFS=: read -r preset batch rounds intervals <<< "$r"
+    python3 "$repo/bench/hook_overhead.py" --dp 1 --tp 1 --preset "$preset" --batch "$batch" \
+        --rounds "$rounds" --steps-per-block 10 --intervals "$intervals" 2>&1 | tail -8 \
+        | tee "$out/overhead_${preset}_${intervals/,/_}.txt"
 done

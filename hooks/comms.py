@@ -1,10 +1,15 @@
 """Collective traffic per rank and step, and this rank's gradient norm before the reduction.
 
     meter = CommsMeter(model, mesh, device)   # after parallelize(): FSDP2 and TP in place
-    meter.armed = True                         # during steps that will be logged
+    meter.arm(True)                            # before each step: will it be logged?
     ...forward, backward...
-    row = meter.take(n_steps)                  # per-step averages; re-zeroes local_grad_sumsq
+    row = meter.take(n_steps)                  # per-step figures; re-zeroes local_grad_sumsq
     meter.close()
+
+Collectives are counted, sized and host-timed on armed steps only (the monitor arms the
+steps it logs): between them the wrappers hand straight through and the tensor-parallel
+hooks are not installed, so an unlogged step pays almost nothing. Traffic repeats from step
+to step, so the logged step stands for its interval.
 
 What is counted, and where:
 - FSDP2 all-gathers and reduce-scatters: every FSDPModule gets a counting wrapper around the
@@ -31,7 +36,8 @@ x 2(n-1)/n for a ring all-reduce, n being the group's size
 
 Time, per kind (docs/interconnect.md has the table): on NCCL, the process group's completion
 hook, which reports each collective's duration measured with CUDA events on NCCL's hook
-thread (taking the GIL briefly per collective, a step or so after it ran); it needs
+thread (taking the GIL briefly per collective, a step or so after it ran), for every step
+(it cannot tell which step a late report belongs to), averaged over the interval; it needs
 collective timing on (TORCH_NCCL_ENABLE_TIMING=1, or time_collectives=True).
 On gloo, FSDP's collectives block the host, so the host time of the call is the collective's
 time (a done-callback on the future when FSDP issues one asynchronously); DTensor's
@@ -84,7 +90,8 @@ class _Tally:
     def _reset(self) -> None:
         self.count = dict.fromkeys(KINDS, 0)
         self.nbytes = dict.fromkeys(KINDS, 0)
-        self.time_s = dict.fromkeys(KINDS, 0.0)
+        self.time_s = dict.fromkeys(KINDS, 0.0)  # host-timed, armed steps
+        self.hook_time_s = dict.fromkeys(KINDS, 0.0)  # NCCL completion hook, every step
         self.untimed = dict.fromkeys(KINDS, 0)
 
     def add(self, kind: str, nbytes: int, timed: bool) -> None:
@@ -97,9 +104,13 @@ class _Tally:
         with self._lock:
             self.time_s[kind] += seconds
 
-    def take(self) -> tuple[dict, dict, dict, dict]:
+    def add_hook_time(self, kind: str, seconds: float) -> None:
         with self._lock:
-            taken = self.count, self.nbytes, self.time_s, self.untimed
+            self.hook_time_s[kind] += seconds
+
+    def take(self) -> tuple[dict, dict, dict, dict, dict]:
+        with self._lock:
+            taken = self.count, self.nbytes, self.time_s, self.hook_time_s, self.untimed
             self._reset()
         return taken
 
@@ -131,7 +142,7 @@ def _on_completion(box: list, info: Any) -> None:
     duration = info.active_duration  # CUDA-event time from launch to completion
     seconds = duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration)
     if tally is not None and kind is not None and seconds >= 0:  # negative: not timed
-        tally.add_time(kind, seconds)
+        tally.add_hook_time(kind, seconds)
 
 
 def watch_nccl_completions(group: dist.ProcessGroup, tally: _Tally | None, enable: bool) -> str:
@@ -192,26 +203,25 @@ if AllGather is not None:
     class _CountingAllGather(AllGather):
         """FSDP's all-gather, counted. Bytes: the gathered output (padded flat shards)."""
 
-        def __init__(self, inner: AllGather, tally: _Tally, timing: str) -> None:
-            self.inner, self._tally, self._timing = inner, tally, timing
+        def __init__(self, inner: AllGather, meter: CommsMeter, timing: str) -> None:
+            self.inner, self._meter, self._timing = inner, meter, timing
 
         def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
             return self.inner.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            nbytes = output_tensor.numel() * output_tensor.element_size()
-            return _issue(
-                self._tally,
-                "all_gather",
-                nbytes,
-                self._timing,
-                lambda: self.inner(
+            def call() -> Any:
+                return self.inner(
                     output_tensor=output_tensor,
                     input_tensor=input_tensor,
                     group=group,
                     async_op=async_op,
-                ),
-            )
+                )
+
+            if not self._meter.armed:
+                return call()
+            nbytes = output_tensor.numel() * output_tensor.element_size()
+            return _issue(self._meter._tally, "all_gather", nbytes, self._timing, call)
 
     class _CountingReduceScatter(ReduceScatter):
         """FSDP's reduce-scatter, counted. Bytes: the input, this rank's whole flattened
@@ -228,24 +238,23 @@ if AllGather is not None:
             return self.inner.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            if self._meter.armed and self._group is not None:
-                self._meter._add_local_sumsq(
-                    input_tensor, _predivide_factor(self._group, input_tensor)
-                )
-            nbytes = input_tensor.numel() * input_tensor.element_size()
-            return _issue(
-                self._meter._tally,
-                "reduce_scatter",
-                nbytes,
-                self._timing,
-                lambda: self.inner(
+            def call() -> Any:
+                return self.inner(
                     output_tensor=output_tensor,
                     input_tensor=input_tensor,
                     group=group,
                     op=op,
                     async_op=async_op,
-                ),
-            )
+                )
+
+            if not self._meter.armed:
+                return call()
+            if self._group is not None:
+                self._meter._add_local_sumsq(
+                    input_tensor, _predivide_factor(self._group, input_tensor)
+                )
+            nbytes = input_tensor.numel() * input_tensor.element_size()
+            return _issue(self._meter._tally, "reduce_scatter", nbytes, self._timing, call)
 
 
 def _predivide_factor(param_group: Any, flat_grads: torch.Tensor) -> float:
@@ -336,8 +345,9 @@ def _colwise_hook(tally: _Tally, timed: bool, full_width: int) -> Callable:
 class CommsMeter:
     """Counts a model's FSDP2 and tensor-parallel collectives on this rank (see module doc).
 
-    armed: set by the monitor, True during steps that will be logged: only then does the
-        reduce-scatter add into local_grad_sumsq.
+    arm(logged): called by the monitor before every step, True for the steps it logs:
+        only those are counted, and only then does the reduce-scatter add into
+        local_grad_sumsq.
     local_grad_sumsq: 0-d float64 on `device`, the sum of squares of this rank's own
         gradients before the data-parallel reduction, accumulated while armed: the local
         gradient shard this rank computed (its tensor-parallel shard; replicated parameters
@@ -368,6 +378,9 @@ class CommsMeter:
         if time_collectives is None:
             time_collectives = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "0") == "1"
         self.armed = False
+        self._armed_steps = 0  # since the last take()
+        self._tp_hooks: list[tuple[nn.Module, Callable]] = []  # installed while armed
+        self._tp_handles: list[Any] = []
         self.device = device
         self.local_grad_sumsq = torch.zeros((), dtype=torch.float64, device=device)
         self.covers_grads = False
@@ -452,9 +465,7 @@ class CommsMeter:
         rs_group = param_group._reduce_scatter_process_group
         ag, rs = param_group._all_gather_comm, param_group._reduce_scatter_comm
         try:
-            module.set_custom_all_gather(
-                _CountingAllGather(ag, self._tally, self._timing_of(ag_group))
-            )
+            module.set_custom_all_gather(_CountingAllGather(ag, self, self._timing_of(ag_group)))
             module.set_custom_reduce_scatter(
                 _CountingReduceScatter(
                     rs, self, param_group if sumsq else None, self._timing_of(rs_group)
@@ -490,7 +501,7 @@ class CommsMeter:
             else:
                 full_width = weight.shape[0 if isinstance(module, nn.Linear) else 1]
                 hook = _colwise_hook(self._tally, timed, full_width)
-            self._restore.append(module.register_forward_hook(hook).remove)
+            self._tp_hooks.append((module, hook))
         return found
 
     def _install_ddp(self, ddp: nn.Module) -> bool:
@@ -507,8 +518,9 @@ class CommsMeter:
         # annotations (strings) would fail.
         def hook(_state, bucket):
             grads = bucket.buffer()
-            if self.armed:
-                self._add_local_sumsq(grads, 1.0)
+            if not self.armed:
+                return allreduce_hook(group, bucket)
+            self._add_local_sumsq(grads, 1.0)
             tally.add("all_reduce", grads.numel() * grads.element_size(), timing != "none")
             start_s = time.perf_counter()
             fut = allreduce_hook(group, bucket)
@@ -537,25 +549,43 @@ class CommsMeter:
         sumsq = torch.linalg.vector_norm(flat_grads, dtype=torch.float64).square()
         self.local_grad_sumsq.add_(sumsq * (predivide * predivide) if predivide != 1 else sumsq)
 
+    def arm(self, logged: bool) -> None:
+        """Before each step: count it (a step the monitor logs) or let it pass."""
+        self.armed = logged
+        if not logged:
+            for handle in self._tp_handles:
+                handle.remove()
+            self._tp_handles = []
+            return
+        self._armed_steps += 1
+        if not self._tp_handles and self._tp_hooks:
+            self._tp_handles = [m.register_forward_hook(hook) for m, hook in self._tp_hooks]
+
     def take(self, n_steps: int) -> dict[str, float]:
-        """Per-step averages over the last `n_steps` steps of every {kind}_count,
-        {kind}_bytes and {kind}_time_s (NaN where not measured); resets the counters and
-        zeroes local_grad_sumsq. Host-side: never waits for the device."""
+        """Per-step figures of every {kind}_count, {kind}_bytes and {kind}_time_s (NaN where
+        not measured, or where no step was armed since the last take): counts, bytes and
+        host-timed seconds averaged over the armed steps, NCCL completion-hook seconds over
+        the last `n_steps` steps. Resets the counters and zeroes local_grad_sumsq.
+        Host-side: never waits for the device."""
         if n_steps < 1:
             raise ValueError(f"CommsMeter.take: n_steps must be >= 1, got {n_steps}")
-        count, nbytes, time_s, untimed = self._tally.take()
+        count, nbytes, time_s, hook_time_s, untimed = self._tally.take()
+        armed, self._armed_steps = self._armed_steps, 0
         self.local_grad_sumsq.zero_()  # stream-ordered after the monitor's read of it
         out = {}
         for kind in KINDS:
-            measured = kind in self._measured
-            out[f"{kind}_count"] = count[kind] / n_steps if measured else math.nan
-            out[f"{kind}_bytes"] = nbytes[kind] / n_steps if measured else math.nan
+            measured = kind in self._measured and armed > 0
+            out[f"{kind}_count"] = count[kind] / armed if measured else math.nan
+            out[f"{kind}_bytes"] = nbytes[kind] / armed if measured else math.nan
             timed = measured and not untimed[kind]  # no collectives at all: 0 s, truly
-            out[f"{kind}_time_s"] = time_s[kind] / n_steps if timed else math.nan
+            seconds = time_s[kind] / armed + hook_time_s[kind] / n_steps if timed else math.nan
+            out[f"{kind}_time_s"] = seconds
         return out
 
     def close(self) -> None:
         """Give FSDP back its comms, remove the hooks, stop taking NCCL completions."""
+        self.arm(False)
+        self._tp_hooks.clear()
         for restore in reversed(self._restore):
             restore()
         self._restore.clear()

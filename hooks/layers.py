@@ -20,6 +20,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+try:  # what functional collectives return before they are waited on (torch 2.2 and later)
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+except ImportError:  # pragma: no cover
+    AsyncCollectiveTensor = None
+
 
 @dataclass(frozen=True)
 class LayerMap:
@@ -92,3 +97,14 @@ def plain_activation_weight(mesh: DeviceMesh | None, replicated_dims: tuple[str,
 
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def arrived(t: torch.Tensor) -> torch.Tensor:
+    """The plain local tensor of a layer's output. A tensor-parallel layer returns the
+    result of an asynchronous collective wrapped in a tensor subclass: reading it through
+    the wrapper costs a Python dispatch per op, so it is unwrapped once it has arrived.
+    The wait is where the next layer would wait anyway."""
+    t = local(t)
+    if AsyncCollectiveTensor is not None and isinstance(t, AsyncCollectiveTensor):
+        t = t.trigger_wait()
+    return t

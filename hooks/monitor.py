@@ -46,7 +46,7 @@ from .canary import Canary
 from .comms import CommsMeter
 from .exporter import Exporter, HttpExporter, NullExporter
 from .flops import peak_flops
-from .layers import find_layers, local, plain_activation_weight, replication_weight
+from .layers import arrived, find_layers, local, plain_activation_weight, replication_weight
 from .power import PowerSampler
 from .records import RANK_SLOT, SAMPLED_FIELDS, StepMeta, VectorLayout, append_step
 from .replica import ReplicaFingerprint
@@ -204,7 +204,7 @@ class Monitor:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.power = PowerSampler(self.device, local_rank, cfg.power_interval_s or None)
         self._active = cfg.first_step % cfg.log_every == 0  # is this step a logged one?
-        self.comms.armed = self._active
+        self.comms.arm(self._active)
         self._reset_activations()
         self._reset_accumulators()
         # Block-output extrema: this step's, by layer; then every step's since the last fold.
@@ -329,7 +329,7 @@ class Monitor:
     def _activation_hook(self, index: int) -> Callable:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
             out = output[0] if isinstance(output, tuple) else output
-            shard = local(out).detach()
+            shard = arrived(out).detach()
             if shard.numel() == 0:
                 return
             # Every step, one read of the output and no temporary: the max of copies is the
@@ -423,7 +423,7 @@ class Monitor:
             self._reset_activations()
         self.step_count += 1
         self._active = self.step_count % self.cfg.log_every == 0
-        self.comms.armed = self._active
+        self.comms.arm(self._active)
         if self._active:
             # The optimizer step that follows changes the parameters; the next (logged) step
             # measures that change against this copy. Costs one copy of the local shards,

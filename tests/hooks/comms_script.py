@@ -4,8 +4,9 @@ torchrun --nproc-per-node DP*TP comms_script.py OUT_DIR DP TP
 
 Writes OUT_DIR/rank{R}.json. For each variant (the trainer's parallelize(); with dp > 1 and
 tp = 1 also FSDP with an fp16 reduce dtype, which pre-divides the reduce-scatter input) and
-each step: the meter's take(1), its local_grad_sumsq, and the same sum of squares computed
-from an unsharded copy of the model (same seed) on this rank's own slice of the batch.
+each step: the meter's take(1) (step 0 unarmed), its local_grad_sumsq, and the same sum of
+squares computed from an unsharded copy of the model (same seed) on this rank's own slice of
+the batch.
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ def run(mesh, dp: int, fp16_reduce: bool) -> dict:
     for step in range(STEPS + 2):
         tokens = torch.randint(0, 256, (GLOBAL_BATCH, SEQ + 1), generator=gen)
         mine = tokens.view(dp, -1, SEQ + 1)[dp_rank]
-        meter.armed = 0 < step < STEPS  # step 0 unarmed: its reduce-scatters add nothing
+        # Step 0 unarmed: nothing of it is counted. Then two more steps for one take(2),
+        # the first of them armed.
+        meter.arm(0 < step <= STEPS)
         _loss(model, mine).backward()
         model.zero_grad()
         if step >= STEPS:
-            continue  # two more steps for one take(2)
+            continue
         local_sumsq = meter.local_grad_sumsq.item()  # sync point: test only
         reference.zero_grad()
         _loss(reference, mine).backward()
@@ -89,7 +92,8 @@ def run(mesh, dp: int, fp16_reduce: bool) -> dict:
         )
     result = {"steps": steps, "take2": meter.take(2), "covers_grads": meter.covers_grads}
     meter.close()
-    _loss(model, mine).backward()  # after close(): nothing is counted
+    meter.arm(True)
+    _loss(model, mine).backward()  # after close(): nothing is counted, even armed
     result["after_close"] = meter.take(1)
     result["unavailable"] = meter.unavailable
     return result

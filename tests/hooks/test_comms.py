@@ -84,7 +84,9 @@ def _assert_run(results: list[dict], dp: int, tp: int) -> None:
             where = f"rank {rank}, {variant}"
             assert run["covers_grads"], where
             assert len(run["steps"]) == STEPS
-            for took in [s["take"] for s in run["steps"]] + [run["take2"]]:
+            first, *armed = run["steps"]
+            assert all(math.isnan(v) for v in first["take"].values()), f"{where}: unarmed"
+            for took in [s["take"] for s in armed] + [run["take2"]]:
                 if variant == "fp16_reduce":  # the reduce-scatter carries fp16
                     took = {**took, "reduce_scatter_bytes": 2 * took["reduce_scatter_bytes"]}
                 assert {k: took[k] for k in expected} == expected, where
@@ -93,7 +95,6 @@ def _assert_run(results: list[dict], dp: int, tp: int) -> None:
                 assert (took["all_gather_time_s"] > 0) == (tp == 1), where
                 assert math.isnan(took["all_gather_time_s"]) == (tp > 1), where
                 assert math.isnan(took["all_reduce_time_s"]) == (tp > 1), where
-            first, *armed = run["steps"]
             assert first["local_grad_sumsq"] == 0.0, f"{where}: counted while disarmed"
             for step in armed:
                 ref = step["reference_sumsq"]
@@ -117,7 +118,7 @@ def test_single_process_has_no_collectives() -> None:
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny"])
     meter = comms.CommsMeter(model, None, torch.device("cpu"))
-    meter.armed = True
+    meter.arm(True)
     model(torch.randint(0, 256, (2, 8))).sum().backward()
     took = meter.take(1)
     assert all(v == 0 for v in took.values()), took
@@ -143,5 +144,5 @@ def test_nccl_completions_are_added_by_kind() -> None:
     comms._on_completion(box, info("_REDUCE_SCATTER_BASE", -1.0))  # timing was off
     box[0] = None
     comms._on_completion(box, info("ALLREDUCE", 7.0))  # after close(): dropped
-    _count, _bytes, time_s, _untimed = tally.take()
+    _count, _bytes, _host_time_s, time_s, _untimed = tally.take()
     assert time_s == pytest.approx({"all_gather": 2e-3, "reduce_scatter": 0.0, "all_reduce": 3e-3})

@@ -33,7 +33,7 @@ def nccl_world(tmp_path_factory):
 
 def _seconds(tally: comms._Tally) -> dict[str, float]:
     with tally._lock:
-        return dict(tally.time_s)
+        return dict(tally.hook_time_s)
 
 
 def test_completion_hook_times_each_kind(nccl_world) -> None:
@@ -60,15 +60,17 @@ def test_meter_on_fsdp_never_syncs(nccl_world) -> None:
     meter = comms.CommsMeter(model, mesh, torch.device("cuda", 0), time_collectives=True)
     assert not meter.covers_grads  # dp = 1: no reduce-scatter carries the gradients
     tokens = torch.randint(0, 256, (2, 64), device="cuda")
+    meter.arm(True)
     F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
     assert all(v == 0 for v in meter.take(1).values())
+    meter.arm(False)
     # What FSDP calls for dp > 1: this rank's flat gradients, reduced over the group.
     (param_group,) = comms._param_groups(model.layers[0])
     reduce_scatter = param_group._reduce_scatter_comm
     flat = torch.randn(1 << 16, device="cuda")
     out = torch.empty_like(flat)
     reduce_scatter(output_tensor=out, input_tensor=flat, group=nccl_world, op=dist.ReduceOp.SUM)
-    meter.armed = True
+    meter.arm(True)  # one armed step: the call above is not counted, the two below are
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any synchronising CUDA call now raises
     try:
@@ -82,6 +84,7 @@ def test_meter_on_fsdp_never_syncs(nccl_world) -> None:
         torch.cuda.set_sync_debug_mode("default")
     expected = 2 * flat.double().square().sum().item()
     assert sumsq.item() == pytest.approx(expected, rel=1e-9), meter.unavailable
-    assert took["reduce_scatter_count"] == 1 and took["reduce_scatter_bytes"] == flat.numel() * 4
+    assert took["reduce_scatter_count"] == 2
+    assert took["reduce_scatter_bytes"] == 2 * flat.numel() * 4
     meter.close()
     assert param_group._reduce_scatter_comm is not reduce_scatter
