@@ -4,8 +4,8 @@ Identical copies of the reference model (same seed, same sharding) train in the 
 processes: one without trainvitals, a second one without it (the control: how far two
 identical copies differ on this machine), and one per logging interval with a monitor
 attached (batches encoded to JSON on the export thread, written to /dev/null). They take
-turns in blocks of steps, the order rotating from block to block, so that the machine's
-noise falls on every copy alike. Each block is timed between two barriers (and device
+turns in blocks of steps, in a shuffled order, so that the machine's noise falls on every
+copy alike. Each block is timed between two barriers (and device
 synchronisations on a GPU). A round gives every copy the same steps, one logging interval's
 worth at least; its ratio is a copy's time over the plain copy's in that round. The figure
 is the median of the rounds' ratios, with a bootstrap 95% interval. Prints the overhead at
@@ -13,8 +13,8 @@ the hooks' default interval on its last line.
 
 CPU reference run (4 ranks under torchrun, dp=2 x tp=2; the script starts torchrun itself):
     python bench/hook_overhead.py
-One GPU, one process, blocks of ten steps (a device sync after every step would expose
-launch costs a real run hides):
+One GPU, one process, turns of ten steps (a device sync after every step would expose
+launch costs that a real run hides behind the device's work):
     python bench/hook_overhead.py --dp 1 --tp 1 --preset 125m --batch 16 --steps-per-block 10
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -123,15 +124,17 @@ def timed_block(trainee: Trainee, batch: tuple, steps: int, distributed: bool) -
 
 
 def run_rounds(args, trainees: dict[str, Trainee], batch: tuple, distributed: bool) -> dict:
-    """Seconds per step of every copy, one value per round."""
+    """Seconds per step of every copy, one value per round. The copies take their turns in
+    a shuffled order (the same on every rank), so that none always follows the same copy
+    and inherits its leftovers, such as an export thread still busy with a logged step."""
     names = list(trainees)
+    shuffle = random.Random(0).shuffle
     per_step: dict[str, list[float]] = {name: [] for name in names}
-    turn = 0
     for _ in range(args.rounds):
         elapsed = dict.fromkeys(names, 0.0)
         for _ in range(args.blocks_per_round):
-            order = names[turn % len(names) :] + names[: turn % len(names)]
-            turn += 1
+            order = names.copy()
+            shuffle(order)
             for name in order:
                 elapsed[name] += timed_block(
                     trainees[name], batch, args.steps_per_block, distributed

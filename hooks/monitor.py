@@ -181,15 +181,12 @@ class Monitor:
         for p, layer in zip(self.params, self.layers.param_layer, strict=True):
             layer_numel[layer] += p.numel()  # a DTensor's numel is its global size
         self.layout = VectorLayout(len(self.layers.names), self.world_size, tuple(layer_numel))
-        self._param_weight = torch.tensor(
-            [replication_weight(p, self.world_size) for p in self.params],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        self._param_layer = torch.tensor(self.layers.param_layer, device=self.device)
+        self._param_weight = [replication_weight(p, self.world_size) for p in self.params]
         self._plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
-        self._grad_index: tuple[tuple[int, ...], torch.Tensor] | None = None
+        self._constants: dict[tuple, torch.Tensor] = {}  # see _on_device
         self._snapshot: list[torch.Tensor] | None = None
+        # Block outputs of a logged step: (layer, weight, elements, L2 norm, non-finite count)
+        self._act_logged: list[tuple[int, float, int, torch.Tensor, torch.Tensor]] = []
         self.replica = ReplicaFingerprint(self.params, mesh, self.world_size)
         self.timer = StepTimer(model, self.device)
         self.comms = CommsMeter(
@@ -205,7 +202,6 @@ class Monitor:
         self.power = PowerSampler(self.device, local_rank, cfg.power_interval_s or None)
         self._active = cfg.first_step % cfg.log_every == 0  # is this step a logged one?
         self.comms.arm(self._active)
-        self._reset_activations()
         self._reset_accumulators()
         # Block-output extrema: this step's, by layer; then every step's since the last fold.
         self._step_extrema: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -283,13 +279,6 @@ class Monitor:
 
     # ------------------------------------------------------------------ hot path (no sync)
 
-    def _reset_activations(self) -> None:
-        """Sums of squares and non-finite counts of block outputs: logged steps only."""
-        n = len(self.layers.names)
-        self._act_sumsq = torch.zeros(n, dtype=torch.float64, device=self.device)
-        self._act_nonfinite = torch.zeros(n, dtype=torch.float64, device=self.device)
-        self._act_count = [0.0] * n  # element counts are known on the host
-
     def _reset_accumulators(self) -> None:
         """What every step adds to between logged steps: maxima and non-finite steps."""
         n = len(self.layers.names)
@@ -343,62 +332,77 @@ class Monitor:
             if not self._active:
                 return
             weight = replication_weight(out) if isinstance(out, DTensor) else self._plain_weight
-            sumsq = torch.linalg.vector_norm(shard, dtype=torch.float32).double().square()
-            self._act_sumsq[index] += sumsq * weight
+            norm = torch.linalg.vector_norm(shard, dtype=torch.float32)
             # x - x is 0 for a finite x and NaN for NaN or inf: two passes, where isfinite
             # takes five.
-            self._act_nonfinite[index] += torch.count_nonzero(shard - shard) * weight
-            self._act_count[index] += shard.numel() * weight
+            nonfinite = torch.count_nonzero(shard - shard)
+            self._act_logged.append((index, weight, shard.numel(), norm, nonfinite))
 
         return hook
 
-    def _layer_sumsq(
-        self, tensors: list[torch.Tensor], have: list[int], count_nonfinite: bool = False
-    ) -> Any:
-        """Per-layer sums of squares of local shards (tensors[k] belongs to params[have[k]]),
-        replication-weighted so that the sum over ranks counts every element once.
+    def _on_device(self, key: tuple, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """`values` as a device tensor, made once per key. Building it every logged step
+        would copy host memory to the device synchronously."""
+        if key not in self._constants:
+            if len(self._constants) >= 16:  # keys that keep changing must not pile up
+                self._constants.clear()
+            self._constants[key] = torch.tensor(values, dtype=dtype, device=self.device)
+        return self._constants[key]
 
-        count_nonfinite: also return, per layer, how many of the tensors hold a NaN or inf,
-        read off their norms at no extra cost (an exact count of values would read every
-        gradient five more times)."""
-        out = torch.zeros(self.layout.n_layers, dtype=torch.float64, device=self.device)
-        bad = torch.zeros_like(out)
-        if have:
-            norms = torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).double()
-            idx = self._index_on_device(tuple(have))
-            layer, weight = self._param_layer[idx], self._param_weight[idx]
-            out.index_add_(0, layer, norms.square() * weight)
-            if count_nonfinite:
-                bad.index_add_(0, layer, (~torch.isfinite(norms)) * weight)
-        return (out, bad) if count_nonfinite else out
+    def _layer_sums(self, rows: int, entries: list[tuple], values: torch.Tensor) -> torch.Tensor:
+        """Sum values[k] * weight_k into slot (row_k, layer_k) of a (rows, n_layers) float64
+        matrix, entries[k] = (row_k, layer_k, weight_k): one index_add on the device."""
+        n = self.layout.n_layers
+        key = ("sums", rows, tuple(entries))
+        flat = self._on_device((*key, "index"), [r * n + i for r, i, _ in entries], torch.int64)
+        weight = self._on_device((*key, "weight"), [w for *_, w in entries], torch.float64)
+        out = torch.zeros(rows * n, dtype=torch.float64, device=self.device)
+        return out.index_add_(0, flat, values * weight).view(rows, n)
 
-    def _grad_sumsq_and_nonfinite(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _param_stats(self) -> tuple[torch.Tensor, ...]:
+        """Per-layer sums of squares of the gradients, the parameters and their change by the
+        previous optimizer step (NaN without a snapshot before it), and per layer how many
+        gradient tensors hold a NaN or inf; all local shards, replication-weighted so that
+        the sum over ranks counts every element once. One fused norm over every tensor.
+
+        Non-finite gradients are read off their norms at no extra cost (an exact count of
+        values would read every gradient five more times)."""
         have = [i for i, p in enumerate(self.params) if p.grad is not None]
         grads = [local(self.params[i].grad) for i in have]
-        return self._layer_sumsq(grads, have, count_nonfinite=True)
-
-    def _param_and_update_sumsq(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-layer sums of squares of the parameters, and of their change by the optimizer
-        step that preceded this one (NaN when no snapshot was taken before it)."""
         shards = [local(p).detach() for p in self.params]
-        everything = list(range(len(shards)))
-        param_sumsq = self._layer_sumsq(shards, everything)
-        if self._snapshot is None:
-            return param_sumsq, torch.full_like(param_sumsq, math.nan)
-        # In place: the snapshot becomes minus the update (same norm), and no second copy
-        # of the parameters is allocated.
         update, self._snapshot = self._snapshot, None
-        torch._foreach_sub_(update, shards)
-        return param_sumsq, self._layer_sumsq(update, everything)
+        if update is not None:
+            # In place: the snapshot becomes minus the update (same norm); no second copy.
+            torch._foreach_sub_(update, shards)
+        owners = [(0, i) for i in have] + [(1, i) for i in range(len(shards))]
+        owners += [(2, i) for i in range(len(update or []))]
+        layer, weight = self.layers.param_layer, self._param_weight
+        entries = [(row, layer[i], weight[i]) for row, i in owners]
+        norms = torch._foreach_norm(grads + shards + (update or []), 2, dtype=torch.float32)
+        norms = torch.stack(norms).double()
+        sums = self._layer_sums(3, entries, norms.square())
+        bad = (~torch.isfinite(norms[: len(have)])).double()
+        grad_nonfinite = self._layer_sums(1, entries[: len(have)], bad)[0]
+        if update is None:
+            sums[2].fill_(math.nan)  # a kernel argument: no copy from the host
+        return sums[0], grad_nonfinite, sums[1], sums[2]
 
-    def _index_on_device(self, have: tuple[int, ...]) -> torch.Tensor:
-        """Device tensor of parameter indices, made once per distinct set of gradients.
-
-        Building it every step would copy host memory to the device synchronously.
-        """
-        if self._grad_index is None or self._grad_index[0] != have:
-            self._grad_index = (have, torch.tensor(have, device=self.device))
-        return self._grad_index[1]
+    def _activation_stats(self) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+        """Per-layer sums of squares and non-finite counts of the logged step's block
+        outputs (replication-weighted), and their element counts (known on the host)."""
+        logged, self._act_logged = self._act_logged, []
+        count = [0.0] * self.layout.n_layers
+        for index, weight, numel, _norm, _bad in logged:
+            count[index] += numel * weight
+        if not logged:
+            zeros = torch.zeros((2, self.layout.n_layers), dtype=torch.float64, device=self.device)
+            return zeros[0], zeros[1], count
+        entries = [(0, index, weight) for index, weight, *_ in logged]
+        entries += [(1, index, weight) for index, weight, *_ in logged]
+        norms = torch.stack([norm for *_, norm, _bad in logged]).double()
+        bad = torch.stack([bad for *_, bad in logged]).double()
+        sums = self._layer_sums(2, entries, torch.cat([norms.square(), bad]))
+        return sums[0], sums[1], count
 
     def step(self, loss: torch.Tensor, tokens: int, lr: float | None = None) -> None:
         """Mark the end of a training step. Never waits for the device or the network.
@@ -420,7 +424,6 @@ class Monitor:
             }
             self._launch(loss, tokens, lr, timing)
             self._reset_accumulators()  # after _launch copied them into its vector
-            self._reset_activations()
         self.step_count += 1
         self._active = self.step_count % self.cfg.log_every == 0
         self.comms.arm(self._active)
@@ -428,7 +431,9 @@ class Monitor:
             # The optimizer step that follows changes the parameters; the next (logged) step
             # measures that change against this copy. Costs one copy of the local shards,
             # held for one step, before logged steps only.
-            self._snapshot = [local(p).detach().clone() for p in self.params]
+            # x * 1 is exact: one fused copy of every shard.
+            shards = [local(p).detach() for p in self.params]
+            self._snapshot = list(torch._foreach_mul(shards, 1.0))
 
     def _launch(
         self, loss: torch.Tensor, tokens: int, lr: float | None, timing: dict[str, float]
@@ -453,14 +458,15 @@ class Monitor:
             "replica_fingerprint": math.nan,
             "grad_sumsq_local": math.nan,
         }
+        act_sumsq, act_nonfinite, act_count = self._activation_stats()
         # One host->device copy (pinned, non-blocking) for every host-side number.
         host = torch.tensor(
-            [*self._act_count, tokens * w, *(host_slot.get(k, 0.0) for k in RANK_SLOT)],
+            [*act_count, tokens * w, *(host_slot.get(k, 0.0) for k in RANK_SLOT)],
             dtype=torch.float64,
         )
         host = (host.pin_memory() if pin else host).to(self.device, non_blocking=True)
         loss = loss.double().reshape(1)
-        grad_sumsq, grad_nonfinite = self._grad_sumsq_and_nonfinite()
+        grad_sumsq, grad_nonfinite, param_sumsq, update_sumsq = self._param_stats()
         slot = host[n + 1 :].clone()
         slot[_LOSS] = loss[0]
         if self.comms.covers_grads:  # FSDP, DDP: read before the reduction
@@ -475,10 +481,9 @@ class Monitor:
             self.world_size, len(RANK_SLOT), dtype=torch.float64, device=self.device
         )
         slots[self.rank] = slot
-        param_sumsq, update_sumsq = self._param_and_update_sumsq()
         vec = torch.cat(
-            [grad_sumsq, self._act_sumsq, host[:n], param_sumsq, update_sumsq,
-             grad_nonfinite, self._act_nonfinite,
+            [grad_sumsq, act_sumsq, host[:n], param_sumsq, update_sumsq,
+             grad_nonfinite, act_nonfinite,
              loss * (tokens * w), host[n : n + 1], slots.flatten()]
         )  # fmt: skip
         # A bad step is seen by several ranks (tp copies, dp peers after the reduction): the
