@@ -67,8 +67,9 @@ class MonitorConfig:
     """Settings of a monitor. Every field has a default that suits a first run."""
 
     run_id: str = ""  # empty: a fresh id, agreed by all ranks
-    # Steps between logged steps. 10 keeps the cost under 1% of a GPU step (bench/results);
-    # every step costs about 3% on GPU, mostly the parameter copy behind update RMS.
+    # Steps between logged steps. A logged step costs several unlogged ones: per-layer norms
+    # of every gradient, parameter and output, the parameter copy behind update RMS, and
+    # two all-reduces (bench/hook_overhead.py measures both intervals).
     log_every: int = 10
     export_interval_s: float = 1.0  # rank 0 sends a batch at most this often
     queue_size: int = 1024  # logged steps waiting for export; more are counted and dropped

@@ -146,7 +146,9 @@ def test_first_local_rank_samples_the_node(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(node, "PROC_ROOT", tmp_path)
     monkeypatch.setattr(node, "IB_ROOT", tmp_path / "no-ib")
     _net_dev(tmp_path, 0, 0)
-    sampler = power.PowerSampler(torch.device("cpu"), local_rank=0, interval_s=0.01)
+    sampler = power.PowerSampler(
+        torch.device("cpu"), local_rank=0, interval_s=0.01, node_interval_s=0.01
+    )
     assert sampler.source == "" and sampler.node_unavailable.startswith("ib:")
     time.sleep(0.05)
     sampler.read()
@@ -161,3 +163,22 @@ def test_first_local_rank_samples_the_node(monkeypatch, tmp_path: Path) -> None:
     assert reading.net_tx_bytes_per_s == pytest.approx(2 * reading.net_rx_bytes_per_s)
     assert math.isnan(reading.ib_rx_bytes_per_s) and math.isnan(reading.power_w)
     assert math.isnan(reading.nvlink_rx_bytes_per_s) and math.isnan(reading.throttle_reasons)
+
+
+def test_node_rates_hold_between_node_samples(monkeypatch, tmp_path: Path) -> None:
+    """Node counters are read once per node interval; a read in between repeats the last
+    rates rather than reporting none."""
+    monkeypatch.setattr(power, "RAPL_ROOT", tmp_path / "no-rapl")
+    monkeypatch.setattr(node, "PROC_ROOT", tmp_path)
+    monkeypatch.setattr(node, "IB_ROOT", tmp_path / "no-ib")
+    _net_dev(tmp_path, 0, 0)
+    sampler = power.PowerSampler(
+        torch.device("cpu"), local_rank=0, interval_s=0.01, node_interval_s=0.2
+    )
+    _net_dev(tmp_path, 10**6, 10**6)
+    time.sleep(0.5)  # at least one node sample after the write
+    first = sampler.read()
+    second = sampler.read()  # within the same node interval
+    sampler.close()
+    assert first.net_rx_bytes_per_s > 0
+    assert second.net_rx_bytes_per_s == first.net_rx_bytes_per_s
