@@ -96,7 +96,11 @@ def plain_activation_weight(mesh: DeviceMesh | None, replicated_dims: tuple[str,
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    """The plain tensor this rank holds of `t` (a DTensor's local shard), for reading.
+
+    Taken from the DTensor directly: `to_local()` runs an autograd Function, about 13 us a
+    call, which over every parameter (three times) was most of a logged step's host time."""
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def arrived(t: torch.Tensor) -> torch.Tensor:

@@ -341,13 +341,20 @@ class Monitor:
 
         return hook
 
+    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host numbers to the device without waiting: on CUDA through pinned memory, copied
+        asynchronously (from pageable memory the copy would synchronise)."""
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
     def _on_device(self, key: tuple, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """`values` as a device tensor, made once per key. Building it every logged step
-        would copy host memory to the device synchronously."""
+        """`values` as a device tensor, uploaded once per key."""
         if key not in self._constants:
             if len(self._constants) >= 16:  # keys that keep changing must not pile up
                 self._constants.clear()
-            self._constants[key] = torch.tensor(values, dtype=dtype, device=self.device)
+            self._constants[key] = self._upload(values, dtype)
         return self._constants[key]
 
     def _layer_sums(self, rows: int, entries: list[tuple], values: torch.Tensor) -> torch.Tensor:
@@ -360,6 +367,7 @@ class Monitor:
         out = torch.zeros(rows * n, dtype=torch.float64, device=self.device)
         return out.index_add_(0, flat, values * weight).view(rows, n)
 
+    @torch.no_grad()  # parameter shards may require grad; nothing here is for autograd
     def _param_stats(self) -> tuple[torch.Tensor, ...]:
         """Per-layer sums of squares of the gradients, the parameters and their change by the
         previous optimizer step (NaN without a snapshot before it), and per layer how many
@@ -370,7 +378,7 @@ class Monitor:
         values would read every gradient five more times)."""
         have = [i for i, p in enumerate(self.params) if p.grad is not None]
         grads = [local(self.params[i].grad) for i in have]
-        shards = [local(p).detach() for p in self.params]
+        shards = [local(p) for p in self.params]
         update, self._snapshot = self._snapshot, None
         if update is not None:
             # In place: the snapshot becomes minus the update (same norm); no second copy.
@@ -433,8 +441,8 @@ class Monitor:
             # measures that change against this copy. Costs one copy of the local shards,
             # held for one step, before logged steps only.
             # x * 1 is exact: one fused copy of every shard.
-            shards = [local(p).detach() for p in self.params]
-            self._snapshot = list(torch._foreach_mul(shards, 1.0))
+            with torch.no_grad():
+                self._snapshot = list(torch._foreach_mul([local(p) for p in self.params], 1.0))
 
     def _launch(
         self, loss: torch.Tensor, tokens: int, lr: float | None, timing: dict[str, float]
@@ -460,12 +468,10 @@ class Monitor:
             "grad_sumsq_local": math.nan,
         }
         act_sumsq, act_nonfinite, act_count = self._activation_stats()
-        # One host->device copy (pinned, non-blocking) for every host-side number.
-        host = torch.tensor(
-            [*act_count, tokens * w, *(host_slot.get(k, 0.0) for k in RANK_SLOT)],
-            dtype=torch.float64,
+        # One host->device copy for every host-side number.
+        host = self._upload(
+            [*act_count, tokens * w, *(host_slot.get(k, 0.0) for k in RANK_SLOT)], torch.float64
         )
-        host = (host.pin_memory() if pin else host).to(self.device, non_blocking=True)
         loss = loss.double().reshape(1)
         grad_sumsq, grad_nonfinite, param_sumsq, update_sumsq = self._param_stats()
         slot = host[n + 1 :].clone()

@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from .canary import FINGERPRINT_BITS, checksum_weights
+from .layers import local
 
 _MASK = (1 << FINGERPRINT_BITS) - 1
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -66,7 +67,7 @@ class ReplicaFingerprint:
         """0-d int64 device tensor (no host sync). Call only when `group` is not None."""
         total = torch.zeros((), dtype=torch.int64, device=self._weights.device)
         for p in self.tensors:
-            t = p.to_local() if isinstance(p, DTensor) else p
+            t = local(p)
             bits = t.detach().contiguous().view(_INT_VIEW[t.element_size()]).reshape(-1)
             for chunk in bits.split(_CHUNK):
                 wide = chunk.long()
