@@ -10,11 +10,12 @@
 Call `step` after `backward` and before clipping and `zero_grad`: it reads the gradients as
 backward left them, so per-layer and global gradient norms are the unclipped ones.
 
-The hot path never waits for the device or the network. On a logged step the statistics
-are packed into one device vector (records.VectorLayout), reduced with one asynchronous
-all-reduce on a process group of the monitor's own, copied to pinned host memory without
-blocking, and handed to a background thread that waits for them, builds the records and
-exports them.
+The hot path never waits for the device or the network. An unlogged step reads each
+block output once (its extremes, left on the device). On a logged step the statistics are
+packed into one device vector (records.VectorLayout), reduced with one asynchronous SUM
+all-reduce (and a small MAX one for the maxima) on a process group of the monitor's own,
+copied to pinned host memory without blocking, and handed to a background thread that
+waits for them, builds the records and exports them.
 """
 
 from __future__ import annotations
