@@ -60,7 +60,10 @@ def parse_args() -> argparse.Namespace:
         help="logging intervals to measure, comma-separated (default: %(default)s)",
     )
     args = p.parse_args()
-    args.intervals = [int(x) for x in args.intervals.split(",")]
+    try:
+        args.intervals = [int(x) for x in args.intervals.split(",")]
+    except ValueError:
+        p.error(f"--intervals must be whole numbers separated by commas, got {args.intervals!r}")
     if DEFAULT_EVERY not in args.intervals or min(args.intervals) < 1:
         p.error(f"--intervals must be positive and include the default, {DEFAULT_EVERY}")
     # A round holds the same number of logged steps at every interval.

@@ -141,14 +141,19 @@ def _net_dev(proc: Path, rx: int, tx: int) -> None:
     )
 
 
-def test_first_local_rank_samples_the_node(monkeypatch, tmp_path: Path) -> None:
+def _node_only_sampler(monkeypatch, tmp_path: Path, node_interval_s: float):
+    """A CPU sampler with no power source and a fake /proc/net/dev at zero bytes."""
     monkeypatch.setattr(power, "RAPL_ROOT", tmp_path / "no-rapl")
     monkeypatch.setattr(node, "PROC_ROOT", tmp_path)
     monkeypatch.setattr(node, "IB_ROOT", tmp_path / "no-ib")
     _net_dev(tmp_path, 0, 0)
-    sampler = power.PowerSampler(
-        torch.device("cpu"), local_rank=0, interval_s=0.01, node_interval_s=0.01
+    return power.PowerSampler(
+        torch.device("cpu"), local_rank=0, interval_s=0.01, node_interval_s=node_interval_s
     )
+
+
+def test_first_local_rank_samples_the_node(monkeypatch, tmp_path: Path) -> None:
+    sampler = _node_only_sampler(monkeypatch, tmp_path, node_interval_s=0.01)
     assert sampler.source == "" and sampler.node_unavailable.startswith("ib:")
     time.sleep(0.05)
     sampler.read()
@@ -168,13 +173,7 @@ def test_first_local_rank_samples_the_node(monkeypatch, tmp_path: Path) -> None:
 def test_node_rates_hold_between_node_samples(monkeypatch, tmp_path: Path) -> None:
     """Node counters are read once per node interval; a read in between repeats the last
     rates rather than reporting none."""
-    monkeypatch.setattr(power, "RAPL_ROOT", tmp_path / "no-rapl")
-    monkeypatch.setattr(node, "PROC_ROOT", tmp_path)
-    monkeypatch.setattr(node, "IB_ROOT", tmp_path / "no-ib")
-    _net_dev(tmp_path, 0, 0)
-    sampler = power.PowerSampler(
-        torch.device("cpu"), local_rank=0, interval_s=0.01, node_interval_s=0.2
-    )
+    sampler = _node_only_sampler(monkeypatch, tmp_path, node_interval_s=0.2)
     _net_dev(tmp_path, 10**6, 10**6)
     time.sleep(0.5)  # at least one node sample after the write
     first = sampler.read()
