@@ -57,6 +57,7 @@ def _doc(**changes):
         (_doc(ranks={**_doc()["ranks"], "rank": [1]}), "different lengths"),
         (_doc(ranks={**_doc()["ranks"], "step_time_s": ["NaN", 1.0]}), "ranks.step_time_s"),
         (_doc(ranks={**_doc()["ranks"], "step": [True, False]}), "boolean"),
+        (_doc(ranks={**_doc()["ranks"], "rank": [0, 1.5]}), r"ranks.rank: .*whole numbers.*1\.5"),
         (_doc(ranks={**_doc()["ranks"], "rank": [0, None]}), "null"),
         (_doc(ranks={**_doc()["ranks"], "extra": [1, 2]}), "unknown fields"),
         (_doc(ranks=[1, 2]), "must be an object"),
@@ -67,6 +68,11 @@ def _doc(**changes):
 def test_bad_batches_are_refused_with_the_field_named(doc, message) -> None:
     with pytest.raises(SchemaError, match=message):
         to_arrow(doc)
+
+
+def test_whole_floats_in_an_integer_field_are_stored_as_integers() -> None:
+    _, tables = to_arrow(_doc(ranks={**_doc()["ranks"], "rank": [0.0, 1.0]}))
+    assert tables["ranks"].column("rank").to_pylist() == [0, 1]
 
 
 def test_malformed_json() -> None:

@@ -9,6 +9,8 @@ appends whole tables to DuckDB.
      "steps":  {"step": [10, 11], "loss": [2.31, 2.29], ...},
      "layers": {"step": [10, 10], "layer": [0, 1], "grad_norm": [...], ...}}
 
+An int64 field takes whole numbers only: 10.0 is stored as 10, and 1.5 refuses the batch.
+
 The msgpack form of a batch is the same document, except that a numeric column may also
 travel as one binary value instead of a list: a msgpack `bin` holding the column's values
 as little-endian int64 or float64 (the field's dtype), 8 bytes per row. A column with nulls
@@ -524,6 +526,11 @@ def _list_to_arrow(where: str, f: Field, values: list, pa: Any) -> Any:
     types = set(map(type, values))  # one pass in C, instead of isinstance per value
     if f.dtype in ("int64", "float64") and bool in types:
         raise SchemaError(f"{where}: expected {f.dtype}, got a boolean")
+    if f.dtype == "int64" and float in types:
+        # pyarrow would truncate 1.5 to 1 without a word; whole numbers (10.0) convert exactly.
+        bad = next((v for v in values if isinstance(v, float) and not v.is_integer()), None)
+        if bad is not None:
+            raise SchemaError(f"{where}: expected whole numbers (int64), got {bad!r}")
     if f.dtype == "float64" and not f.finite and str in types:
         values = [_WIRE_TO_NONFINITE.get(v, v) if isinstance(v, str) else v for v in values]
     try:
