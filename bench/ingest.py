@@ -36,6 +36,7 @@ from dashboard_scale import RUN_ID as QUERY_RUN
 from dashboard_scale import build_store
 from prometheus_client.parser import text_string_to_metric_families
 
+from trainvitals.collector.memory import DEFAULT_MEMORY_LIMIT
 from trainvitals.dashboard.launch import free_port
 from trainvitals.demo import wait_healthy
 from trainvitals.sender import send
@@ -59,9 +60,10 @@ class Collector:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def rss_mb(self) -> float:
+    def rss_mb(self, which: str = "VmRSS") -> float:
+        """Resident memory now (VmRSS) or at its peak so far (VmHWM), in MB."""
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(status.split("VmRSS:")[1].split()[0]) / 1024
+        return int(status.split(f"{which}:")[1].split()[0]) / 1024
 
     def stop(self) -> None:
         self.proc.terminate()  # uvicorn shuts down cleanly: the store is flushed and closed
@@ -134,6 +136,7 @@ def phase(label: str, collector: Collector, spec: FleetSpec, args, rate: float |
         "p99": percentile(lat, 0.99),
         "elapsed": report.elapsed_s,
         "report": report,
+        "peak_mb": collector.rss_mb("VmHWM"),
     }
     print(f"\n{label}")
     print(f"  sent {report.summary()}")
@@ -143,7 +146,7 @@ def phase(label: str, collector: Collector, spec: FleetSpec, args, rate: float |
     print(f"  CPU: collector {collector_cpu / report.elapsed_s:.2f} cores, simulator and sender "
           f"{own_cpu / report.elapsed_s:.2f} cores; the writer was busy {seconds:.1f} s, "
           f"committing {batches:.0f} batches in {commits:.0f} transactions; collector "
-          f"memory {collector.rss_mb():,.0f} MB")  # fmt: skip
+          f"memory {collector.rss_mb():,.0f} MB, peak {figures['peak_mb']:,.0f} MB")  # fmt: skip
     print(f"  /metrics scrape during ingest: {ms(scrapes)} ({len(scrapes)} scrapes)")
     print(f"  live analysis caught up {caught_up:.1f} s after the last batch was acknowledged")
     return figures
@@ -170,7 +173,7 @@ def ingest(args: argparse.Namespace, store: Path) -> dict:
     }
     print(f"{args.ranks:,} ranks x {args.layers} layers, {args.connections} connections, about "
           f"{args.batch_points:,} points per request")  # fmt: skip
-    collector = Collector(store)
+    collector = Collector(store, "--memory-limit", args.memory_limit)
     try:
         saturation = phase(
             "as fast as the collector takes it:", collector, runs["saturation"], args, None
@@ -223,7 +226,7 @@ def step_query(args: argparse.Namespace, tmp: Path) -> float:
         start = time.perf_counter()
         build_store(store, 1_000_000, args.query_ranks, args.layers, 10, 100)
         print(f"built a 1,000,000-step store in {time.perf_counter() - start:.0f} s")
-    collector = Collector(store)
+    collector = Collector(store, "--memory-limit", args.memory_limit)
     try:
         url = f"{collector.url}/api/v1/runs/{QUERY_RUN}/steps"
         httpx.get(url, timeout=60).raise_for_status()  # warm: first read of the file
@@ -253,6 +256,7 @@ def main() -> None:
     parser.add_argument("--query-ranks", type=int, default=1024, help="ranks of the query store")
     parser.add_argument("--query-store", type=Path, help="reuse or keep the 1M-step store")
     parser.add_argument("--skip-query", action="store_true")
+    parser.add_argument("--memory-limit", default=DEFAULT_MEMORY_LIMIT, help="the collectors'")
     args = parser.parse_args()
 
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before", flush=True)
@@ -267,7 +271,8 @@ def main() -> None:
         f"{args.layers} layers: {sat['rate']:,.0f} points/s sustained for {sat['elapsed']:.0f} s; "
         f"at {target['rate']:,.0f} points/s request p99 {target['p99']:.0f} ms; rows stored "
         f"{'=' if figures['equal'] else '!='} sent; /metrics at {args.wide_ranks:,} ranks "
-        f"{figures['wide_scrape']:.0f} ms{query_text}"
+        f"{figures['wide_scrape']:.0f} ms{query_text}; collector memory peak "
+        f"{target['peak_mb']:,.0f} MB under --memory-limit {args.memory_limit}"
     )
 
 

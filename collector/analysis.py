@@ -242,15 +242,11 @@ def _first_copies(table: pa.Table, key: str | None) -> pa.Table:
 def _insert_alerts(cur: duckdb.DuckDBPyConnection, alerts: list[Alert]) -> None:
     table = alerts_table(alerts)
     cols = ", ".join(table.column_names)
-    cur.execute("BEGIN")
-    try:
-        cur.register("new_alerts", table)
+    cur.register("new_alerts", table)
+    try:  # one statement: DuckDB commits it whole or not at all
         cur.execute(f"INSERT OR IGNORE INTO alerts ({cols}) SELECT {cols} FROM new_alerts")
+    finally:
         cur.unregister("new_alerts")
-        cur.execute("COMMIT")
-    except Exception:
-        cur.execute("ROLLBACK")
-        raise
 
 
 def alerts_table(alerts: list[Alert]) -> pa.Table:

@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             read_only=settings.replay,
             queue_max_batches=settings.queue_max_batches,
             retention_days=settings.retention_days,
+            memory_limit=settings.memory_limit,
         )
         store.start()
         app.state.settings = settings

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .memory import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINVITALS_")
@@ -20,6 +22,9 @@ class Settings(BaseSettings):
     retention_days: float = Field(
         0, ge=0, description="drop runs whose last step is older than this; 0 keeps every run"
     )
+    memory_limit: str = Field(
+        DEFAULT_MEMORY_LIMIT, description="most memory DuckDB may use, e.g. 2GB or 512MiB"
+    )
     queue_max_batches: int = Field(
         1024, gt=0, description="batches waiting for the writer; beyond: 503"
     )
@@ -29,4 +34,10 @@ class Settings(BaseSettings):
     def _not_empty(cls, v: str) -> str:
         if not v:
             raise ValueError("store_path must not be empty")
+        return v
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _a_size(cls, v: str) -> str:
+        memory_limit_bytes(v)
         return v

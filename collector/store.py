@@ -29,6 +29,7 @@ from trainvitals.analyzer import Analyzer
 from trainvitals.schema import DTYPES, STORE_TABLES, Table, ddl
 
 from .analysis import LiveAnalysis
+from .memory import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
 from .state import LiveState
 
 log = logging.getLogger(__name__)
@@ -70,11 +71,17 @@ class Store:
         queue_max_batches: int = 1024,
         retention_days: float = 0,
         analysis_delay_s: float = 1.0,
+        memory_limit: str = DEFAULT_MEMORY_LIMIT,
     ) -> None:
         self.path = path
         self.read_only = read_only
         try:
+            limit_bytes = memory_limit_bytes(memory_limit)
+        except ValueError as e:
+            raise StoreError(str(e)) from e
+        try:
             self._con = _open_read_only(path) if read_only else _open_writable(path)
+            self._con.execute(f"SET memory_limit = '{limit_bytes // 2**10}KiB'")
         except duckdb.Error as e:
             raise StoreError(f"cannot open store {path!r}: {e}") from e
         if not read_only:

@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 
+from trainvitals.collector.memory import DEFAULT_MEMORY_LIMIT
 from trainvitals.trainer import config as train_config
 
 
@@ -24,13 +25,14 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     from trainvitals.collector.store import Store, StoreError
 
     try:  # fail here, with one line, rather than in the server's start-up with a traceback
-        Store(args.store, read_only=args.replay).close()
+        Store(args.store, read_only=args.replay, memory_limit=args.memory_limit).close()
     except StoreError as e:
         return f"error: {e}"
 
     settings = Settings(
         store_path=args.store,
         retention_days=args.retention_days,
+        memory_limit=args.memory_limit,
         host=args.host,
         port=args.port,
         replay=args.replay,
@@ -207,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--retention-days", type=float, default=0,
         help="drop runs whose last step is older than this (default 0: keep every run)",
+    )  # fmt: skip
+    p.add_argument(
+        "--memory-limit", default=DEFAULT_MEMORY_LIMIT,
+        help=f"most memory the store's DuckDB may use, e.g. 4GB (default {DEFAULT_MEMORY_LIMIT})",
     )  # fmt: skip
     p.set_defaults(func=_collector)
 
