@@ -39,10 +39,7 @@ def replay_store(con: duckdb.DuckDBPyConnection) -> Iterator[Alert]:
         meta = con.sql(
             f"SELECT {_columns(RUNS)} FROM runs WHERE run_id = $1", params=[run_id]
         ).to_arrow_table()
-        ((last,),) = con.sql(
-            "SELECT max(step) FROM steps WHERE run_id = $1", params=[run_id]
-        ).fetchall()
-        for start in range(0, last + 1, CHUNK_STEPS):
+        for start in _window_starts(con, run_id):
             window = [run_id, start, start + CHUNK_STEPS - 1]
             tables = {"runs": meta} if meta.num_rows else {}
             for name, spec in (("steps", STEPS), ("layers", LAYERS), ("ranks", RANKS)):
@@ -87,3 +84,17 @@ def comparable(alert: dict) -> tuple:
         alert["layer"],
         alert["message"],
     )
+
+
+def _window_starts(con: duckdb.DuckDBPyConnection, run_id: str) -> Iterator[int]:
+    """First step of each CHUNK_STEPS-step window that holds a step: gaps between steps
+    (a run resumed at step 10**9, say) cost one query, not one window per CHUNK_STEPS."""
+    start = 0
+    while True:
+        ((start,),) = con.sql(
+            "SELECT min(step) FROM steps WHERE run_id = $1 AND step >= $2", params=[run_id, start]
+        ).fetchall()
+        if start is None:
+            return
+        yield start
+        start += CHUNK_STEPS

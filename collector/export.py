@@ -11,6 +11,8 @@ OUT` (`read_export` below cuts it into batches).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +42,20 @@ def export_store(store_path: str, out_dir: str, run_id: str | None = None) -> di
                 f"{out} already holds an export ({', '.join(clashes)}); pick a new folder"
             )
         out.mkdir(parents=True, exist_ok=True)
-        written = {}
-        for name in STORE_TABLES:
-            rows = store.query(f"SELECT * FROM {name} {where}", params)
-            written[name] = rows.num_rows
-            if rows.num_rows:
-                _write(rows, out / name)
+        # Written aside first, then moved in: a failed export leaves nothing behind.
+        partial = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+        try:
+            written = {}
+            for name in STORE_TABLES:
+                rows = store.query(f"SELECT * FROM {name} {where}", params)
+                written[name] = rows.num_rows
+                if rows.num_rows:
+                    _write(rows, partial / name)
+            for name in STORE_TABLES:
+                if (partial / name).exists():
+                    (partial / name).rename(out / name)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
         return written
     finally:
         store.close()

@@ -47,6 +47,11 @@ def check_token(settings: Settings, authorization: str | None) -> None:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused as soon as it exceeds `limit` bytes (before or after gzip)."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("gzip", "identity"):
+        raise HTTPException(
+            415, f"content-encoding {encoding!r} is not supported; send gzip or none"
+        )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {limit} bytes")
@@ -57,9 +62,7 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
     body = b"".join(chunks)
-    if request.headers.get("content-encoding", "").lower() == "gzip":
-        body = _gunzip(body, limit)
-    return body
+    return _gunzip(body, limit) if encoding == "gzip" else body
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
@@ -87,7 +90,7 @@ async def ingest(
     check_token(settings, authorization)
     if store.read_only:
         raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     decode = DECODERS.get(ctype)
     if decode is None:
         raise HTTPException(

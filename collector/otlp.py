@@ -327,7 +327,9 @@ async def _receive(
         raise HTTPException(
             415, f"content-type {ctype or None!r} is not supported; send {PROTOBUF} or {JSON}"
         )
-    body = await _read_body(request, settings.max_body_bytes)
+    # Refused if cut off after gzip too: the intact prefix of a protobuf body could itself
+    # parse as a valid, shorter request.
+    body = await read_body(request, settings.max_body_bytes)
     try:
         # CPU-bound: off the event loop.
         batches, rejected = await run_in_threadpool(
@@ -350,16 +352,6 @@ async def _receive(
     except (StoreError, TimeoutError) as e:
         raise HTTPException(503, f"metrics not stored ({e or 'timed out'}); resend them") from e
     return rejected
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, through ingest's bounded reader (refused beyond `limit` bytes before or
-    after gzip, or if the gzip stream is cut off: the intact prefix of a protobuf body could
-    itself parse as a valid, shorter request). OTLP allows gzip only."""
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("identity", "gzip"):
-        raise HTTPException(415, f"content-encoding {encoding!r} is not supported; send gzip")
-    return await read_body(request, limit)
 
 
 def _encode(

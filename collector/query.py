@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import pyarrow as pa
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from trainvitals.schema import LAYERS, RANKS, STEPS
+from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS, STEPS
 
 from .deps import get_store
 from .store import Store
@@ -23,8 +23,11 @@ from .store import Store
 router = APIRouter(prefix="/api/v1", tags=["query"])
 
 StoreDep = Annotated[Store, Depends(get_store)]
-Start = Annotated[int, Query(ge=0, description="first step (inclusive)")]
-End = Annotated[int | None, Query(ge=0, description="last step (inclusive); default: latest")]
+_FIRST, _LAST = STEP_BOUNDS  # the steps ingest accepts
+Start = Annotated[int, Query(ge=_FIRST, le=_LAST, description="first step (inclusive)")]
+End = Annotated[
+    int | None, Query(ge=_FIRST, le=_LAST, description="last step (inclusive); default: latest")
+]
 Agg = Literal["max", "mean", "min"]
 _AGG_SQL = {"max": "max", "mean": "avg", "min": "min"}
 

@@ -45,3 +45,56 @@ def test_bad_train_flags_get_a_clear_error(args: list[str], message: str) -> Non
 def test_collector_refuses_an_unopenable_store(tmp_path) -> None:
     r = _cli("collector", "--store", str(tmp_path / "missing-dir" / "x.duckdb"), "--port", "1")
     assert r.returncode != 0 and "cannot open store" in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--port", "70000"], "error: --port: Input should be less than or equal to 65535"),
+        (["--retention-days", "-1"], "error: --retention-days: Input should be greater than"),
+        (["--retention-days", "nan"], "error: --retention-days: Input should be greater than"),
+    ],
+)
+def test_collector_checks_its_flags_before_creating_the_store(tmp_path, flags, message) -> None:
+    store = tmp_path / "x.duckdb"
+    r = _cli("collector", "--store", str(store), *flags)
+    assert r.returncode != 0 and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not store.exists()
+
+
+SIM = ["simulate", "--ranks", "2", "--layers", "1", "--steps", "2", "--step-time", "1"]
+PLAN = ["plan", "--tokens", "1e12", "--gpu", "H100", "--count", "8"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["import", "{batch}", "--collector", "http://[::1"], "is not a valid URL"),
+        ([*SIM, "--collector", "http://[::1"], "is not a valid URL"),
+        ([*SIM, "--collector", "ftp://host"], "must be an http(s) URL"),
+        ([*SIM, "--out", "{out}", "--start-unix-s", "nan"], "start_unix_s must be a finite"),
+        ([*SIM[:-1], "inf", "--out", "{out}"], "step_time_s must be in"),
+        ([*SIM, "--out", "{out}", "--run-id", "r" * 201], "run_id 'rrrr"),
+        (["train", "--steps", "1", "--inject", "nan:step=inf"], "step must be a whole number"),
+        (["train", "--steps", "1", "--inject", "nan:step=1e400"], "step must be a whole number"),
+        (
+            ["train", "--dp", "2", "--global-batch", "8", "--inject", "nan:step=abc"],
+            "--inject 'nan:step=abc': step must be a whole number",
+        ),
+        (["train", "--run-id", "r" * 201], "run_id 'rrrr"),
+        (["train", "--grad-clip", "nan"], "grad_clip must be > 0"),
+        ([*PLAN, "--params", "nan"], "params must be a finite number > 0"),
+        ([*PLAN, "--params", "1e9", "--power-w", "-700"], "power_w must be a finite number > 0"),
+    ],
+)
+def test_bad_input_gets_one_line_before_anything_starts(tmp_path, args, message) -> None:
+    from trainvitals.schema import encode_json
+    from trainvitals.simulate import FleetSpec, simulate
+
+    batch, out = tmp_path / "one.jsonl", tmp_path / "out.jsonl"
+    batch.write_bytes(encode_json(next(simulate(FleetSpec(2, 1, 1.0, 2)))) + b"\n")
+    r = _cli(*(a.format(batch=batch, out=out) for a in args))
+    assert r.returncode != 0 and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not out.exists()

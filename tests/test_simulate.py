@@ -61,6 +61,11 @@ def test_bad_fault_specs_say_what_is_wrong(spec: str, message: str) -> None:
     [
         ({"ranks": 0}, "FleetSpec.ranks"),
         ({"step_time_s": 0}, "FleetSpec.step_time_s"),
+        ({"step_time_s": math.inf}, "FleetSpec.step_time_s"),
+        ({"step_time_s": 1e15}, "FleetSpec.step_time_s"),
+        ({"start_unix_s": math.nan}, "FleetSpec.start_unix_s"),
+        ({"start_unix_s": -1.0}, "FleetSpec.start_unix_s"),
+        ({"run_id": "r" * 201}, "run_id 'rrrr"),
         ({"log_every": 3, "canary_every": 10}, "multiple of log_every"),
         ({"faults": ("sdc:rank=16,step=1",)}, r"rank 16 >= ranks \(16\)"),
     ],

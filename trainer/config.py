@@ -6,6 +6,9 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from trainvitals import checks
+from trainvitals.schema import check_run_id
+
 from .presets import PRESETS
 
 
@@ -72,21 +75,31 @@ class TrainConfig:
                 f"TrainConfig.warmup_steps must be -1 (auto) or in [0, steps={self.steps}], "
                 f"got {self.warmup_steps}"
             )
-        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError("TrainConfig: lr must be > 0 and min_lr_ratio in [0, 1]")
-        if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
+        checks.positive("TrainConfig.lr", self.lr)
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        checks.non_negative("TrainConfig.weight_decay", self.weight_decay)
+        # clip_grad_norm_ scales the gradients to at most grad_clip: 0 would zero them all.
+        if not self.grad_clip > 0:
             raise ValueError(
-                f"TrainConfig.otlp_endpoint must be an http(s) URL, got {self.otlp_endpoint!r}"
+                f"TrainConfig.grad_clip must be > 0 (inf: no clipping), got {self.grad_clip}"
             )
-        if self.collector and not self.collector.startswith(("http://", "https://")):
-            raise ValueError(
-                f"TrainConfig.collector must be an http(s) URL, got {self.collector!r}"
-            )
-
+        checks.non_negative("TrainConfig.canary_every", self.canary_every)
+        if self.peak_flops_per_s:  # 0: from the device table or measured
+            checks.positive("TrainConfig.peak_flops_per_s", self.peak_flops_per_s)
+        if self.run_id:  # else the monitor makes one up
+            check_run_id(self.run_id)  # the collector would refuse every batch
+        for name in ("collector", "otlp_endpoint"):
+            if getattr(self, name):
+                checks.http_url(f"TrainConfig.{name}", getattr(self, name))
         if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
             raise ValueError("TrainConfig.checkpoint_every must be >= 0 and needs checkpoint_dir")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("TrainConfig.resume needs checkpoint_dir")
+        if self.inject:  # refused here, before torchrun starts, rather than on every rank
+            from .faults import FaultInjector  # here: it imports torch, which the CLI defers
+
+            FaultInjector(self.inject, rank=0, world_size=self.world_size)
 
     @property
     def world_size(self) -> int:

@@ -18,6 +18,7 @@ at its step, which is the ground truth detectors are scored against.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ KINDS = {
     "hang": ({"rank", "step"}, {}),
 }
 _TEXT_PARAMS = {"kind", "mode"}
+_WHOLE_PARAMS = {"rank", "step"}
 LR_SPIKE_FACTOR = 30.0
 BITFLIP_BIT = 20  # a float32 mantissa bit: the weight changes by a few percent, nothing blows up
 
@@ -66,15 +68,10 @@ def parse_fault(spec: str) -> Fault:
             raise ValueError(
                 f"--inject {spec!r}: unexpected {item!r}; takes {sorted(required | set(optional))}"
             )
-        params[key] = value if key in _TEXT_PARAMS else float(value)
+        params[key] = _value(spec, key, value)
     missing = required - set(params)
     if missing:
         raise ValueError(f"--inject {spec!r}: missing {sorted(missing)}")
-    for key in ("rank", "step"):
-        if key in params:
-            if params[key] != int(params[key]) or params[key] < 0:
-                raise ValueError(f"--inject {spec!r}: {key} must be a whole number >= 0")
-            params[key] = int(params[key])
     if kind == "straggler" and not 0 < params["slowdown"] <= 10:
         raise ValueError(f"--inject {spec!r}: slowdown must be in (0, 10]")
     if kind == "sdc" and not 0 < params["fraction"] <= 1:
@@ -84,6 +81,23 @@ def parse_fault(spec: str) -> Fault:
     if kind == "spike" and params["kind"] not in ("batch", "lr"):
         raise ValueError(f"--inject {spec!r}: spike kind must be 'batch' or 'lr'")
     return Fault(kind, params)
+
+
+def _value(spec: str, key: str, text: str) -> str | int | float:
+    """A parameter's value: text, a whole number >= 0 (rank, step) or a number."""
+    if key in _TEXT_PARAMS:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if key in _WHOLE_PARAMS:
+        if not (value.is_integer() and value >= 0):  # False for nan and inf too
+            raise ValueError(f"--inject {spec!r}: {key} must be a whole number >= 0, got {text!r}")
+        return int(value)
+    if math.isnan(value):
+        raise ValueError(f"--inject {spec!r}: {key} must be a number, got {text!r}")
+    return value  # inf is refused by the range checks in parse_fault
 
 
 def corrupt(t: torch.Tensor, fraction: float, seed: int = 7) -> torch.Tensor:

@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trainvitals.trainer.train", description=__doc__)
     add_arguments(parser)
     try:
-        cfg = from_args(parser.parse_args(argv))
-        FaultInjector(cfg.inject, 0, cfg.world_size)  # the specs are checked before any set-up
+        cfg = from_args(parser.parse_args(argv))  # checks the --inject specs too
     except ValueError as e:
         parser.error(str(e))
 

@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 
+from trainvitals import checks
 from trainvitals.collector.memory import DEFAULT_MEMORY_LIMIT
 from trainvitals.trainer import config as train_config
 
@@ -19,25 +20,31 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     import uvicorn
+    from pydantic import ValidationError
 
     from trainvitals.collector.main import create_app
     from trainvitals.collector.settings import Settings
     from trainvitals.collector.store import Store, StoreError
 
-    try:  # fail here, with one line, rather than in the server's start-up with a traceback
+    # Fail here, with one line, rather than in the server's start-up with a traceback; the
+    # settings first, so that bad flags leave no store file behind.
+    try:
+        settings = Settings(
+            store_path=args.store,
+            retention_days=args.retention_days,
+            memory_limit=args.memory_limit,
+            host=args.host,
+            port=args.port,
+            replay=args.replay,
+            **({"ingest_token": args.token} if args.token else {}),
+        )
+    except ValidationError as e:
+        return "error: " + "; ".join(map(_setting_error, e.errors()))
+    try:
         Store(args.store, read_only=args.replay, memory_limit=args.memory_limit).close()
     except StoreError as e:
         return f"error: {e}"
 
-    settings = Settings(
-        store_path=args.store,
-        retention_days=args.retention_days,
-        memory_limit=args.memory_limit,
-        host=args.host,
-        port=args.port,
-        replay=args.replay,
-        **({"ingest_token": args.token} if args.token else {}),
-    )
     mode = "replaying" if args.replay else "collecting into"
     print(
         f"trainvitals collector on http://{args.host}:{args.port} {mode} {args.store}", flush=True
@@ -49,12 +56,31 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     return 0
 
 
+# The flag that sets each Settings field; the other fields come from TRAINVITALS_* variables.
+_SETTING_FLAGS = {
+    "store_path": "--store",
+    "ingest_token": "--token",
+    "host": "--host",
+    "port": "--port",
+    "retention_days": "--retention-days",
+    "memory_limit": "--memory-limit",
+}
+
+
+def _setting_error(error: dict) -> str:
+    """'--port: Input should be ...' from one of pydantic's errors."""
+    name = str(error["loc"][0]) if error["loc"] else ""
+    where = _SETTING_FLAGS.get(name, f"TRAINVITALS_{name.upper()}")
+    return f"{where}: {error['msg'].removeprefix('Value error, ')}"
+
+
 def _dashboard(args: argparse.Namespace, _rest: list[str]) -> int | str:
     from pathlib import Path
 
     from trainvitals.dashboard.launch import run_dashboard, run_replay
 
     if args.store is None:
+        checks.http_url("--collector", args.collector)
         return run_dashboard(args.collector, port=args.port, host=args.host)
     try:
         return run_replay(Path(args.store), port=args.port, host=args.host)

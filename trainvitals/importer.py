@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from trainvitals import checks
+
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 
@@ -56,6 +58,7 @@ def _source(path: Path, batch_rows: int) -> tuple[Iterator[tuple[str, bytes]], s
 
 
 def run_import(path: Path, collector: str, token: str = "", batch_rows: int = 5000) -> int:
+    checks.http_url("--collector", collector)  # ValueError, before anything is read
     if not path.exists():
         print(f"error: {path} does not exist")
         return 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainvitals import checks
 from trainvitals.hooks.flops import PEAKS
 
 SECONDS_PER_DAY = 86_400
@@ -33,8 +34,12 @@ def plan(
 ) -> Plan:  # fmt: skip
     if gpu not in PEAKS:
         raise ValueError(f"unknown device {gpu!r}; one of {sorted(PEAKS)}")
-    if params <= 0 or tokens <= 0 or count < 1 or not 0 < mfu <= 1:
-        raise ValueError("params and tokens must be > 0, count >= 1 and mfu in (0, 1]")
+    checks.positive("params", params)
+    checks.positive("tokens", tokens)
+    if count < 1 or not 0 < mfu <= 1:
+        raise ValueError(f"count must be >= 1 and mfu in (0, 1], got {count} and {mfu}")
+    if power_w is not None:
+        checks.positive("power_w", power_w)
     peak = getattr(PEAKS[gpu], precision, None)
     if peak is None:
         raise ValueError(f"{gpu} has no {precision} peak in the table")

@@ -33,6 +33,7 @@ Names carry units: `_s` seconds, `_per_s` per second, `_ratio` a dimensionless f
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,16 @@ class SchemaError(ValueError):
     """A batch does not match the schema. The message names the table and field."""
 
 
+# A run id names folders (exports, spools) and URL paths (the query API), so it keeps to
+# characters that are safe in both.
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}")
+RUN_ID_RULE = "1-128 characters: letters, digits and . _ : @ + = -, starting with a letter or digit"
+# Steps count from 0. The top is the largest integer a float64 holds exactly, so that a
+# step survives JSON readers, Prometheus and the dashboard's charts unchanged.
+STEP_BOUNDS = (0, 2**53 - 1)
+INDEX_BOUNDS = (0, 2**31 - 1)  # layer and rank indices
+
+
 @dataclass(frozen=True)
 class Field:
     """One column. `finite` forbids NaN/inf; `required` fields must be present and non-null."""
@@ -67,10 +78,16 @@ class Field:
     doc: str
     required: bool = True
     finite: bool = True
+    # int64: the least and greatest value allowed (a step is never negative).
+    bounds: tuple[int, int] | None = None
+    # string: the JSON type (list or dict) the string must hold, so readers can parse it.
+    json: type | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"Field {self.name}: dtype must be one of {sorted(DTYPES)}")
+        assert self.bounds is None or self.dtype == "int64", f"{self.name}: bounds on int64"
+        assert self.json is None or self.dtype == "string", f"{self.name}: json on strings"
 
 
 @dataclass(frozen=True)
@@ -96,16 +113,18 @@ RUNS = Table(
     fields=(
         Field("started_unix_s", "float64", "wall-clock start of the run"),
         Field("model", "string", "model name or preset, e.g. 'llama-tiny'"),
-        Field("model_config_json", "string", "the model's configuration as a JSON object"),
+        Field(
+            "model_config_json", "string", "the model's configuration as a JSON object", json=dict
+        ),
         Field("n_params", "int64", "parameter count of the whole (unsharded) model"),
-        Field("n_layers", "int64", "number of entries in layer_names_json"),
-        Field("layer_names_json", "string", "JSON list: name of layer index 0, 1, ..."),
-        Field("world_size", "int64", "number of ranks"),
-        Field("dp", "int64", "data-parallel degree (FSDP)"),
-        Field("tp", "int64", "tensor-parallel degree"),
+        Field("n_layers", "int64", "number of entries in layer_names_json", bounds=INDEX_BOUNDS),
+        Field("layer_names_json", "string", "JSON list: name of layer index 0, 1, ...", json=list),
+        Field("world_size", "int64", "number of ranks", bounds=(1, INDEX_BOUNDS[1])),
+        Field("dp", "int64", "data-parallel degree (FSDP)", bounds=(1, INDEX_BOUNDS[1])),
+        Field("tp", "int64", "tensor-parallel degree", bounds=(1, INDEX_BOUNDS[1])),
         Field("device_type", "string", "'cuda', 'cpu', ..."),
         Field("device_name", "string", "e.g. 'NVIDIA H100 80GB HBM3'"),
-        Field("hosts_json", "string", "JSON list: host name of rank 0, 1, ..."),
+        Field("hosts_json", "string", "JSON list: host name of rank 0, 1, ...", json=list),
         Field("flops_per_token", "float64", "training FLOPs per token (see hooks/flops.py)"),
         Field(
             "peak_flops_per_s", "float64", "peak FLOP/s of one device; NaN if unknown", finite=False
@@ -127,7 +146,7 @@ STEPS = Table(
     key=("run_id", "step"),
     doc="One row per logged optimizer step: global quantities of the whole job.",
     fields=(
-        Field("step", "int64", "optimizer step, counted from 0"),
+        Field("step", "int64", "optimizer step, counted from 0", bounds=STEP_BOUNDS),
         Field("time_unix_s", "float64", "when the last rank reached the step's end"),
         Field("loss", "float64", "token-weighted mean training loss", finite=False),
         Field(
@@ -173,8 +192,8 @@ LAYERS = Table(
     key=("run_id", "step", "layer"),
     doc="One row per (logged step, layer): global per-layer statistics, reduced in-job.",
     fields=(
-        Field("step", "int64", "optimizer step"),
-        Field("layer", "int64", "index into the run's layer_names_json"),
+        Field("step", "int64", "optimizer step", bounds=STEP_BOUNDS),
+        Field("layer", "int64", "index into the run's layer_names_json", bounds=INDEX_BOUNDS),
         Field("grad_norm", "float64", "L2 norm of the layer's gradients", finite=False),
         Field("act_rms", "float64", "RMS of the layer's output activations", finite=False),
         Field(
@@ -226,8 +245,8 @@ RANKS = Table(
     key=("run_id", "step", "rank"),
     doc="One row per (logged step, rank): what each rank saw locally.",
     fields=(
-        Field("step", "int64", "optimizer step"),
-        Field("rank", "int64", "global rank"),
+        Field("step", "int64", "optimizer step", bounds=STEP_BOUNDS),
+        Field("rank", "int64", "global rank", bounds=INDEX_BOUNDS),
         Field("step_time_s", "float64", "wall time between this rank's step boundaries"),
         Field("tokens_per_s", "float64", "this rank's tokens / step_time_s"),
         Field("loss", "float64", "this rank's local loss", finite=False),
@@ -314,10 +333,12 @@ EVENTS = Table(
     key=("run_id", "step", "rank", "kind"),
     doc="Things that happened to the run: injected faults (ground truth), restarts, checkpoints.",
     fields=(
-        Field("step", "int64", "step at which it happened"),
-        Field("rank", "int64", "rank concerned; -1 for the whole job"),
+        Field("step", "int64", "step at which it happened", bounds=STEP_BOUNDS),
+        Field(
+            "rank", "int64", "rank concerned; -1 for the whole job", bounds=(-1, INDEX_BOUNDS[1])
+        ),
         Field("kind", "string", "'fault:<type>', 'restart', 'checkpoint'"),
-        Field("detail", "string", "parameters as a JSON object"),
+        Field("detail", "string", "parameters as a JSON object", json=dict),
         Field("time_unix_s", "float64", "wall-clock time"),
     ),
 )
@@ -421,7 +442,7 @@ def decode_msgpack(body: bytes) -> dict[str, Any]:
     try:
         return msgpack.unpackb(body, raw=False)
     except (msgpack.UnpackException, ValueError, TypeError) as e:
-        raise SchemaError(f"body is not valid msgpack: {e}") from e
+        raise SchemaError(f"body is not valid msgpack: {str(e) or type(e).__name__}") from e
 
 
 def to_arrow(doc: Any) -> tuple[str, dict[str, Any]]:
@@ -440,16 +461,15 @@ def to_arrow(doc: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(doc, dict):
         raise SchemaError("batch must be a JSON object")
     version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:  # True == 1 in Python
         raise SchemaError(
             f"schema_version {version!r} is not supported; this collector speaks {SCHEMA_VERSION}"
         )
     run_id = doc.get("run_id")
-    if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
-        raise SchemaError("run_id must be a non-empty string of at most 200 characters")
+    check_run_id(run_id)
     unknown = set(doc) - {"schema_version", "run_id"} - set(TABLES)
     if unknown:
-        raise SchemaError(f"unknown tables {sorted(unknown)}; known: {sorted(TABLES)}")
+        raise SchemaError(f"unknown tables {_names(unknown)}; known: {sorted(TABLES)}")
     out = {}
     for name, spec in TABLES.items():
         if name in doc:
@@ -464,7 +484,7 @@ def _table_to_arrow(spec: Table, columns: Any, run_id: str, pa: Any) -> Any:
         raise SchemaError(f"{spec.name}: must be an object of column name -> list")
     unknown = set(columns) - set(spec.by_name)
     if unknown:
-        raise SchemaError(f"{spec.name}: unknown fields {sorted(unknown)}")
+        raise SchemaError(f"{spec.name}: unknown fields {_names(unknown)}")
     # Every given column becomes an Arrow array first (naming the field if it cannot)...
     given = {
         f.name: _as_arrow(f"{spec.name}.{f.name}", f, columns[f.name], pa)
@@ -480,7 +500,37 @@ def _table_to_arrow(spec: Table, columns: Any, run_id: str, pa: Any) -> Any:
     for f in spec.fields:
         arrays.append(_checked(f"{spec.name}.{f.name}", f, given.get(f.name), n_rows, pa))
     names = ["run_id", *(f.name for f in spec.fields)]
-    return pa.Table.from_arrays(arrays, names=names)
+    table = pa.Table.from_arrays(arrays, names=names)
+    _check_unique_keys(spec, table)
+    return table
+
+
+def check_run_id(run_id: Any) -> None:
+    """SchemaError unless `run_id` follows RUN_ID_RULE."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id):
+        shown = run_id if not isinstance(run_id, str) or len(run_id) <= 40 else run_id[:40] + "..."
+        raise SchemaError(f"run_id {shown!r} is not valid: use {RUN_ID_RULE}")
+
+
+def _names(keys: set) -> list[str]:
+    """Sorted names for a message; msgpack keys may be bytes or numbers as well as str."""
+    return sorted(map(str, keys))
+
+
+def _check_unique_keys(spec: Table, table: Any) -> None:
+    """SchemaError if two rows of one batch share a key: which one is right is unknowable,
+    and the store would keep only the first. (A resend of stored rows is fine: that is a
+    later batch.)"""
+    keys = [k for k in spec.key if k != "run_id"]
+    if table.num_rows < 2 or table.group_by(keys).aggregate([]).num_rows == table.num_rows:
+        return
+    import pyarrow.compute as pc
+
+    counts = table.group_by(keys).aggregate([([], "count_all")])
+    dup = counts.filter(pc.greater(counts["count_all"], 1)).slice(0, 1).to_pylist()[0]
+    n = dup.pop("count_all")
+    where = ", ".join(f"{k}={v!r}" for k, v in dup.items())
+    raise SchemaError(f"{spec.name}: {n} rows have the same key ({where}); send each once")
 
 
 def _checked(where: str, f: Field, arr: Any, n_rows: int, pa: Any) -> Any:
@@ -496,7 +546,35 @@ def _checked(where: str, f: Field, arr: Any, n_rows: int, pa: Any) -> Any:
         values = arr.fill_null(0.0) if arr.null_count else arr
         if not pc.all(pc.is_finite(values)).as_py():
             raise SchemaError(f"{where}: values must be finite numbers")
+    if f.bounds is not None and len(arr) > arr.null_count:
+        _check_bounds(where, f.bounds, arr)
+    if f.json is not None:
+        _check_json(where, f.json, arr)
     return arr
+
+
+def _check_bounds(where: str, bounds: tuple[int, int], arr: Any) -> None:
+    import pyarrow.compute as pc
+
+    least, greatest = pc.min_max(arr).values()
+    if least.as_py() < bounds[0] or greatest.as_py() > bounds[1]:
+        bad = least.as_py() if least.as_py() < bounds[0] else greatest.as_py()
+        raise SchemaError(f"{where}: {bad} is outside {bounds[0]}..{bounds[1]}")
+
+
+def _check_json(where: str, kind: type, arr: Any) -> None:
+    """Each string parses as JSON of `kind`: readers (the query API) parse it unchecked."""
+    name = {list: "a JSON list", dict: "a JSON object"}[kind]
+    for text in arr.to_pylist():  # rows of runs and events: a few per batch
+        if text is None:
+            continue
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            value = None
+        if not isinstance(value, kind):
+            shown = text if len(text) <= 40 else text[:40] + "..."
+            raise SchemaError(f"{where}: {shown!r} is not {name}")
 
 
 # Binary columns: little-endian values of the field's dtype (numpy's names for them).

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from trainvitals import checks
 from trainvitals.schema import DTYPES, TABLES, encode_json, encode_msgpack
 
 _STOP = object()
@@ -150,6 +151,7 @@ def send(
         raise ValueError(f"send: rate must be > 0 points/s, got {rate}")
     if wire not in ("msgpack", "json"):
         raise ValueError(f"send: wire must be 'msgpack' or 'json', got {wire!r}")
+    checks.http_url("collector URL", url)  # here, not as a traceback in every worker thread
     encode = encode_msgpack if wire == "msgpack" else encode_json
     headers = {"content-type": f"application/{wire}"}
     if token:

@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from trainvitals.schema import SCHEMA_VERSION
+from trainvitals import checks
+from trainvitals.schema import SCHEMA_VERSION, check_run_id
 
 # kind -> (required parameters, optional parameters with their defaults)
 FAULTS: dict[str, tuple[set[str], dict[str, float]]] = {
@@ -156,8 +157,13 @@ class FleetSpec:
         for name in ("ranks", "layers", "steps", "log_every", "ranks_per_node"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"FleetSpec.{name} must be a whole number >= 1")
-        if not self.step_time_s > 0:
-            raise ValueError(f"FleetSpec.step_time_s must be > 0, got {self.step_time_s}")
+        if not 0 < self.step_time_s <= DAY_S:  # longer: token counts overflow int64
+            raise ValueError(
+                f"FleetSpec.step_time_s must be in (0, {DAY_S:g}], got {self.step_time_s}"
+            )
+        checks.non_negative("FleetSpec.start_unix_s", self.start_unix_s)
+        if self.run_id:  # else sim-<seed>, below
+            check_run_id(self.run_id)  # the collector would refuse every batch
         if self.canary_every < 0 or self.canary_every % self.log_every:
             raise ValueError(
                 "FleetSpec.canary_every must be 0 (off) or a multiple of log_every "

@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 
 from tests.conftest import CollectorProcess
+from trainvitals.schema import to_arrow
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -36,6 +37,27 @@ def test_replay_of_a_store_reproduces_the_live_alerts(faulty_telemetry: Path, tm
     )
     assert "goodput of run" in r.stderr and '"ratio"' in r.stderr
     assert f"{len(alerts)} alerts replayed, identical to the {len(alerts)}" in r.stderr
+
+
+def test_replay_skips_the_gaps_between_steps(tmp_path) -> None:
+    """A run resumed at a far step: replay reads the windows that hold steps, and ends."""
+    from tests.collector.conftest import make_batch
+    from trainvitals.collector.store import Store
+
+    path = tmp_path / "gap.duckdb"
+    store = Store(str(path))
+    store.start()
+    tables = to_arrow(orjson.loads(make_batch("gap", steps=[0, 1, 10**12]).to_json()))[1]
+    store.submit("gap", tables).result(timeout=60)
+    store.close()
+    r = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "replay", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,  # one window per 10,000 steps would be 10**8 windows
+    )
+    assert r.returncode == 0, r.stderr
+    assert "0 alerts" in r.stderr
 
 
 def test_replay_of_a_missing_store() -> None:

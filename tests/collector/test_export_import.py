@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from tests.conftest import CollectorProcess
-from trainvitals.schema import LAYERS, RANKS
+from trainvitals.schema import LAYERS, RANKS, to_arrow
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -85,3 +86,31 @@ def test_a_folder_that_is_not_an_export_gets_a_clear_error(tmp_path: Path, make,
 def test_batch_rows_must_be_positive(tmp_path: Path) -> None:
     r = _cli("import", tmp_path, "--batch-rows", "0")
     assert r.returncode == 2 and "--batch-rows: must be at least 1" in r.stderr
+
+
+def test_a_failed_export_leaves_nothing_behind(tmp_path: Path, monkeypatch) -> None:
+    from trainvitals.collector import export
+    from trainvitals.collector.store import Store
+
+    from .conftest import make_batch
+
+    store_path = str(tmp_path / "s.duckdb")
+    store = Store(store_path)
+    store.start()
+    store.submit("r1", to_arrow(orjson.loads(make_batch().to_json()))[1]).result(timeout=60)
+    store.close()
+    out = tmp_path / "out"
+    real_write = export._write
+
+    def disk_full_at_ranks(rows, folder: Path) -> None:
+        if folder.name == "ranks":
+            raise OSError(28, "No space left on device")
+        real_write(rows, folder)
+
+    monkeypatch.setattr(export, "_write", disk_full_at_ranks)
+    with pytest.raises(OSError, match="No space left"):
+        export.export_store(store_path, str(out))
+    assert list(out.iterdir()) == []  # steps and layers were written, then removed
+    monkeypatch.setattr(export, "_write", real_write)
+    assert export.export_store(store_path, str(out))["ranks"] == 6  # the retry is not refused
+    assert sorted(p.name for p in out.iterdir()) == ["layers", "ranks", "steps"]

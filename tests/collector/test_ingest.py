@@ -37,6 +37,18 @@ def _bad(doc_change):
     return orjson.dumps(doc)
 
 
+def _runs_row(**changes) -> dict:
+    """A runs table of one row, as the hooks send it at the start of a run."""
+    row = {
+        "started_unix_s": 1000.0, "model": "llama-tiny", "model_config_json": "{}",
+        "n_params": 10, "n_layers": 2, "layer_names_json": '["block.0", "block.1"]',
+        "world_size": 2, "dp": 2, "tp": 1, "device_type": "cpu", "device_name": "cpu",
+        "hosts_json": '["h0", "h1"]', "flops_per_token": 60.0, "peak_flops_per_s": 1e12,
+        "peak_flops_source": "measured",
+    }  # fmt: skip
+    return {k: [v] for k, v in {**row, **changes}.items()}
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
@@ -50,6 +62,22 @@ def _bad(doc_change):
             "steps.step_time_s",
         ),
         (_bad(lambda d: d["ranks"].pop("rank")), 422, "ranks.rank"),
+        (_bad(lambda d: d.update(schema_version=True)), 422, "schema_version True"),
+        (_bad(lambda d: d.update(run_id="a/b")), 422, "run_id 'a/b' is not valid"),
+        (_bad(lambda d: d.update(run_id="a\x00b")), 422, "is not valid: use 1-128 characters"),
+        (_bad(lambda d: d.update(run_id="r" * 129)), 422, "is not valid"),
+        (_bad(lambda d: d["steps"].update(step=[-3, -2, -1])), 422, "steps.step: -3 is outside"),
+        (
+            _bad(lambda d: d["steps"].update(step=[0, 1, 2**53])),
+            422,
+            "steps.step: 9007199254740992",
+        ),
+        (_bad(lambda d: d["ranks"].update(rank=[0, -1] * 3)), 422, "ranks.rank: -1 is outside"),
+        (_bad(lambda d: d["steps"].update(step=[0, 1, 1])), 422, "steps: 2 rows have the same key"),
+        (_bad(lambda d: d.update(runs=_runs_row(layer_names_json="not json"))), 422, "a JSON list"),
+        (_bad(lambda d: d.update(runs=_runs_row(hosts_json="{}"))), 422, "runs.hosts_json"),
+        (_bad(lambda d: d.update(runs=_runs_row(model_config_json="[]"))), 422, "JSON object"),
+        (_bad(lambda d: d.update(runs=_runs_row(tp=0))), 422, "runs.tp: 0 is outside 1.."),
         (b"x" * (1024 * 1024 + 1), 413, "exceeds the limit"),
         (gzip.compress(b" " * (8 << 20)), 413, "decompressed body"),
         (gzip.compress(make_batch().to_json())[:-9], 400, "truncated"),
@@ -72,6 +100,33 @@ def test_bad_input_is_refused_and_nothing_is_stored(client, body, status, messag
 def test_wrong_content_type(client) -> None:
     r = client.post(URL, content=b"a,b", headers={"content-type": "text/csv"})
     assert r.status_code == 415 and "application/json" in r.json()["detail"]
+
+
+def test_a_valid_runs_row_is_accepted_and_listed(client) -> None:
+    doc = make_batch().to_dict()
+    doc["runs"] = _runs_row()
+    assert client.post(URL, content=orjson.dumps(doc)).status_code == 202
+    (run,) = client.get("/api/v1/runs").json()
+    assert run["layer_names"] == ["block.0", "block.1"]
+
+
+def test_content_type_is_case_insensitive_and_unknown_encodings_are_refused(client) -> None:
+    body = make_batch().to_json()
+    r = client.post(URL, content=body, headers={"content-type": "Application/JSON"})
+    assert r.status_code == 202, r.text
+    r = client.post(URL, content=body, headers={"content-encoding": "br"})
+    assert r.status_code == 415 and "content-encoding 'br'" in r.json()["detail"]
+
+
+def test_msgpack_keys_that_are_not_strings_are_named(client) -> None:
+    import msgpack
+
+    doc = {"schema_version": 1, "run_id": "r1", "steps": {b"zz": [1], "yy": [1.0]}}
+    r = client.post(
+        URL, content=msgpack.packb(doc), headers={"content-type": "application/msgpack"}
+    )
+    assert r.status_code == 422 and "unknown fields [\"b'zz'\", 'yy']" in r.json()["detail"]
+    assert counts(client) == {"steps": 0, "layers": 0, "ranks": 0}
 
 
 def test_bearer_token(settings) -> None:
@@ -115,5 +170,6 @@ def test_msgpack_body_with_native_nan(client) -> None:
 
 def test_malformed_msgpack_is_refused(client) -> None:
     r = client.post(URL, content=b"\xc1\xc1", headers={"content-type": "application/msgpack"})
-    assert r.status_code == 422 and "not valid msgpack" in r.json()["detail"]
+    assert r.status_code == 422 and "not valid msgpack: " in r.json()["detail"]
+    assert r.json()["detail"] != "body is not valid msgpack: "  # the reason is given
     assert counts(client) == {"steps": 0, "layers": 0, "ranks": 0}

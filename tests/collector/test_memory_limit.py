@@ -57,7 +57,9 @@ def test_the_cli_refuses_a_bad_limit_in_one_line(tmp_path) -> None:
         timeout=120,
     )
     assert r.returncode != 0
-    expected = "error: memory limit 'lots' is not a size such as 2GB, 1.5GB or 512MiB"
+    expected = (
+        "error: --memory-limit: memory limit 'lots' is not a size such as 2GB, 1.5GB or 512MiB"
+    )
     assert r.stderr.strip() == expected
 
 

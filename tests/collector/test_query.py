@@ -53,6 +53,8 @@ def test_unknown_run_and_bad_parameters(client) -> None:
     assert r.status_code == 422 and "before start" in r.json()["detail"]
     r = client.get("/api/v1/runs/r1/steps", params={"max_points": "many"})
     assert r.status_code == 422 and "max_points" in r.json()["detail"]
+    r = client.get("/api/v1/runs/r1/steps", params={"end": 10**40})
+    assert r.status_code == 422 and "end" in r.json()["detail"]
 
 
 def test_loss_spike_raises_an_alert_in_api_and_metrics(client) -> None:

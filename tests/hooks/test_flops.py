@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -48,6 +49,22 @@ def test_plan_100b_on_150t_tokens() -> None:
     assert 12 <= p.days <= 16  # "about two weeks"
     with pytest.raises(ValueError, match="no fp8 peak"):
         plan(1e9, 1e9, "A100", 8, 0.4, precision="fp8")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"params": math.nan}, "params must be a finite number > 0"),
+        ({"params": math.inf}, "params must be a finite number > 0"),
+        ({"tokens": -1.0}, "tokens must be a finite number > 0"),
+        ({"power_w": -700.0}, "power_w must be a finite number > 0"),
+        ({"power_w": math.nan}, "power_w must be a finite number > 0"),
+    ],
+)
+def test_plan_refuses_values_without_meaning(change: dict, message: str) -> None:
+    args = {"params": 1e9, "tokens": 1e12, "gpu": "H100", "count": 8, "mfu": 0.4, **change}
+    with pytest.raises(ValueError, match=message):
+        plan(**args)
 
 
 def test_flops_per_token_palm_formula() -> None:

@@ -24,7 +24,11 @@ def test_parse_fills_defaults_and_types() -> None:
         ("nan:step=-1", "whole number"),
         ("spike:step=3,kind=cosmic", "spike kind"),
         ("sdc:rank=1,step=2,colour=red", "unexpected 'colour=red'"),
-        ("crash:rank=x,step=2", "could not convert"),
+        ("crash:rank=x,step=2", "rank must be a whole number >= 0, got 'x'"),
+        ("nan:step=inf", "step must be a whole number"),
+        ("nan:step=1e400", "step must be a whole number"),
+        ("straggler:rank=1,step=5,slowdown=nan", "slowdown must be a number"),
+        ("straggler:rank=1,step=5,slowdown=inf", "slowdown must be in"),
     ],
 )
 def test_bad_specs_are_refused(spec: str, message: str) -> None:
