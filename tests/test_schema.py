@@ -86,3 +86,12 @@ def test_ddl_declares_every_field_and_key() -> None:
         assert all(f.name in sql for f in table.fields)
         assert f"PRIMARY KEY ({', '.join(table.key)})" in sql
     assert set(TABLES) == {"runs", "steps", "layers", "ranks", "events"}
+
+
+def test_a_key_twice_in_one_batch_is_refused_in_any_order() -> None:
+    ranks = {"step_time_s": [0.5] * 3, "tokens_per_s": [1.0] * 3, "loss": [2.0] * 3}
+    doc = {"schema_version": SCHEMA_VERSION, "run_id": "r"}
+    _, tables = to_arrow({**doc, "ranks": {**ranks, "step": [2, 1, 0], "rank": [0, 0, 0]}})
+    assert tables["ranks"].column("step").to_pylist() == [2, 1, 0]  # unsorted, each key once
+    with pytest.raises(SchemaError, match=r"ranks: 2 rows have the same key \(step=1, rank=0\)"):
+        to_arrow({**doc, "ranks": {**ranks, "step": [1, 0, 1], "rank": [0, 0, 0]}})

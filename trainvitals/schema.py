@@ -522,7 +522,9 @@ def _check_unique_keys(spec: Table, table: Any) -> None:
     and the store would keep only the first. (A resend of stored rows is fine: that is a
     later batch.)"""
     keys = [k for k in spec.key if k != "run_id"]
-    if table.num_rows < 2 or table.group_by(keys).aggregate([]).num_rows == table.num_rows:
+    if table.num_rows < 2 or _strictly_ascending(table, keys):
+        return  # the usual case, as producers send rows in key order
+    if table.group_by(keys).aggregate([]).num_rows == table.num_rows:
         return
     import pyarrow.compute as pc
 
@@ -551,6 +553,20 @@ def _checked(where: str, f: Field, arr: Any, n_rows: int, pa: Any) -> Any:
     if f.json is not None:
         _check_json(where, f.json, arr)
     return arr
+
+
+def _strictly_ascending(table: Any, keys: list[str]) -> bool:
+    """True if the rows are in strictly ascending key order (so no key repeats): a few
+    vectorised passes, where hashing every key costs about 1 ms per 8,000 rows."""
+    import numpy as np
+
+    if any(table.schema.field(k).type != "int64" for k in keys):
+        return False
+    ascending = None
+    for k in reversed(keys):  # lexicographic: an earlier key decides unless it is equal
+        d = np.diff(table.column(k).to_numpy())
+        ascending = d > 0 if ascending is None else (d > 0) | ((d == 0) & ascending)
+    return bool(ascending.all())
 
 
 def _check_bounds(where: str, bounds: tuple[int, int], arr: Any) -> None:
