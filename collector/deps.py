@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import Request
 
 from .settings import Settings
-from .state import LiveState
 from .store import Store
 
 
@@ -15,7 +14,3 @@ def get_settings(request: Request) -> Settings:
 
 def get_store(request: Request) -> Store:
     return request.app.state.store
-
-
-def get_live_state(request: Request) -> LiveState:
-    return request.app.state.store.state

@@ -41,7 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from trainvitals.schema import BatchBuilder
+from trainvitals.schema import BatchBuilder, check_run_id
 
 from .canary import Canary
 from .comms import CommsMeter
@@ -91,6 +91,8 @@ class MonitorConfig:
     time_collectives: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.run_id:  # refused now: the collector would refuse every batch of the run
+            check_run_id(self.run_id)
         if self.log_every < 1:
             raise ValueError(f"MonitorConfig.log_every must be >= 1, got {self.log_every}")
         if self.export_interval_s <= 0:

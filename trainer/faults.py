@@ -123,7 +123,6 @@ class FaultInjector:
             if f.rank >= world_size:
                 raise ValueError(f"--inject {f.kind}: rank {f.rank} >= world size {world_size}")
         self.rank = rank
-        self._extra_s = 0.0  # straggler: work to add this step
 
     def _mine(self, kind: str, step: int, started: bool = False) -> list[Fault]:
         return [

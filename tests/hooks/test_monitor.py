@@ -213,6 +213,8 @@ def test_data_time_is_the_wait_before_forward(model) -> None:
 def test_bad_config_is_refused(model) -> None:
     with pytest.raises(ValueError, match="log_every"):
         attach(model, log_every=0)
+    with pytest.raises(ValueError, match="run_id 'my run/3' is not valid"):
+        attach(model, run_id="my run/3")  # at attach, not as rejected batches later
 
 
 def test_exporter_failure_never_reaches_training(model) -> None:
