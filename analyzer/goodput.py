@@ -51,14 +51,23 @@ class Goodput:
         return {**asdict(self), "ratio": self.ratio}
 
     def summary(self) -> str:
-        h = 1 / 3600
+        d = _duration
         return (
-            f"goodput of run {self.run_id}: {self.ratio:.1%} of {self.wall_s * h:.2f} h trained "
-            f"the model; lost: restarts {self.restart_s * h:.2f} h ({self.restarts}), re-done "
-            f"steps {self.redone_s * h:.2f} h ({self.redone_steps} steps), checkpoints "
-            f"{self.checkpoint_s * h:.2f} h ({self.checkpoints}), stalls "
-            f"{self.stall_s * h:.2f} h ({self.stalls})"
+            f"goodput of run {self.run_id}: {self.ratio:.1%} of {d(self.wall_s)} trained "
+            f"the model; lost: restarts {d(self.restart_s)} ({self.restarts}), re-done "
+            f"steps {d(self.redone_s)} ({self.redone_steps} steps), checkpoints "
+            f"{d(self.checkpoint_s)} ({self.checkpoints}), stalls "
+            f"{d(self.stall_s)} ({self.stalls})"
         )
+
+
+def _duration(seconds: float) -> str:
+    """In the unit that keeps a short run's losses readable: '12 s', '23.0 min', '5.20 h'."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
 
 
 def goodput(

@@ -268,7 +268,9 @@ class Monitor:
             "n_layers": len(self.layers.names),
             "layer_names_json": json.dumps(self.layers.names),
             "world_size": self.world_size,
-            "dp": sizes.get("dp", 1),
+            # Without a "dp" dimension (plain DDP, or other names) every rank not in
+            # tensor parallelism is a data-parallel replica.
+            "dp": sizes.get("dp", self.world_size // sizes.get("tp", 1)),
             "tp": sizes.get("tp", 1),
             "device_type": self.device.type,
             "device_name": device_name,

@@ -68,22 +68,15 @@ def run_trainer(args: list[str], nproc: int, timeout_s: float = 300) -> subproce
 class CollectorProcess:
     """`trainvitals collector` in a subprocess, on a free port of 127.0.0.1."""
 
-    def __init__(self, store: Path, *extra: str, port: int | None = None) -> None:
+    def __init__(self, store: Path | None, *extra: str, port: int | None = None) -> None:
+        """store None: no --store flag (`extra` names the store, e.g. --replay STORE)."""
         self.store = store
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        store_flag = [] if store is None else ["--store", str(store)]
+        argv = ["collector", *store_flag, "--port", str(self.port), *extra]
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainvitals",
-                "collector",
-                "--store",
-                str(store),
-                "--port",
-                str(self.port),
-                *extra,
-            ],
+            [sys.executable, "-m", "trainvitals", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

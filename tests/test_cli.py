@@ -98,3 +98,32 @@ def test_bad_input_gets_one_line_before_anything_starts(tmp_path, args, message)
     assert r.returncode != 0 and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not out.exists()
+
+
+def test_collector_replay_names_its_store(tmp_path) -> None:
+    """`collector --replay STORE` serves STORE read-only, as `--store STORE --replay` does."""
+    import httpx
+    import orjson
+
+    from tests.collector.conftest import make_batch
+    from tests.conftest import CollectorProcess
+    from trainvitals.collector.store import Store
+    from trainvitals.schema import to_arrow
+
+    path = tmp_path / "run.duckdb"
+    store = Store(str(path))
+    store.start()
+    store.submit("r1", to_arrow(orjson.loads(make_batch().to_json()))[1]).result(timeout=60)
+    store.close()
+    replay = CollectorProcess(None, "--replay", str(path))
+    try:
+        runs = httpx.get(f"{replay.url}/api/v1/runs", timeout=10).json()
+        assert [run["run_id"] for run in runs] == ["r1"]
+        ingest = httpx.post(f"{replay.url}/api/v1/ingest", content=make_batch().to_json())
+        assert ingest.status_code == 409
+    finally:
+        replay.stop()
+    r = _cli("collector", "--store", str(path), "--replay", str(tmp_path / "other.duckdb"))
+    assert r.returncode != 0 and r.stderr.strip() == (
+        "error: name the store once: --replay STORE, or --store STORE --replay"
+    )

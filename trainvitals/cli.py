@@ -18,6 +18,9 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     return run(cfg, args.nproc or cfg.world_size, rest)
 
 
+COLLECTOR_STORE = "trainvitals.duckdb"  # the collector's default --store
+
+
 def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     import uvicorn
     from pydantic import ValidationError
@@ -26,6 +29,10 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     from trainvitals.collector.settings import Settings
     from trainvitals.collector.store import Store, StoreError
 
+    if isinstance(args.replay, str):  # --replay STORE, the short form of --store STORE --replay
+        if args.store != COLLECTOR_STORE:
+            return "error: name the store once: --replay STORE, or --store STORE --replay"
+        args.store, args.replay = args.replay, True
     # Fail here, with one line, rather than in the server's start-up with a traceback; the
     # settings first, so that bad flags leave no store file behind.
     try:
@@ -225,12 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the collector (ingest, DuckDB store, /metrics, query API)",
         description="Serve ingest, Prometheus /metrics and the query API over a DuckDB store.",
     )
-    p.add_argument("--store", default="trainvitals.duckdb", help="DuckDB file (created if missing)")
+    p.add_argument("--store", default=COLLECTOR_STORE, help="DuckDB file (created if missing)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--replay", action="store_true", help="serve a stored run read-only; refuse ingest"
-    )
+        "--replay", nargs="?", const=True, default=False, metavar="STORE",
+        help="serve a stored run read-only and refuse ingest: the --store, or STORE "
+        "(a DuckDB file or an export folder)",
+    )  # fmt: skip
     p.add_argument("--token", default="", help="require this bearer token on ingest")
     p.add_argument(
         "--retention-days", type=float, default=0,
@@ -261,9 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the whole stack on this machine; Ctrl-C stops everything.",
     )
     p.add_argument("--store", default="demo-data/demo.duckdb", help="DuckDB file of the demo")
-    p.add_argument("--collector-port", type=int, default=8000)
-    p.add_argument("--dashboard-port", type=int, default=8501)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--collector-port", type=int, default=8000, help="default 8000")
+    p.add_argument("--dashboard-port", type=int, default=8501, help="default 8501")
+    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument(
         "--no-dashboard", action="store_true", help="skip the dashboard (headless check)"
     )

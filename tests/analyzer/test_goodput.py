@@ -45,7 +45,10 @@ def test_goodput_splits_lost_time_by_cause() -> None:
     assert (g.redone_steps, g.redone_s) == (50, pytest.approx(50))
     assert g.productive_s == pytest.approx(1000)
     assert g.ratio == pytest.approx(1000 / 1380)
-    assert "goodput of run r: 72.5%" in g.summary()
+    assert g.summary() == (
+        "goodput of run r: 72.5% of 23.0 min trained the model; lost: restarts 100 s (1), "
+        "re-done steps 50 s (50 steps), checkpoints 30 s (1), stalls 3.3 min (1)"
+    )
 
 
 def test_a_clean_run_is_all_productive() -> None:

@@ -30,7 +30,9 @@ def test_ddp_run_matches_single_process(tmp_path: Path) -> None:
     _assert_close(layers, ref_layers, "layer")
     # Each rank's own gradients, read in DDP's comm hook before the all-reduce, and the
     # buckets' traffic: every float32 gradient once per step.
-    n_params, ranks = _params_and_ranks(two)
+    run, ranks = _run_and_ranks(two)
+    assert (run["world_size"], run["dp"], run["tp"]) == (2, 2, 1)  # no mesh: every rank a replica
+    n_params = run["n_params"]
     assert len(ranks) == 8
     for step in range(4):
         local = [r["grad_norm_local"] for r in ranks if r["step"] == step]
@@ -39,12 +41,12 @@ def test_ddp_run_matches_single_process(tmp_path: Path) -> None:
     assert all(r["all_reduce_time_s"] > 0 for r in ranks)
 
 
-def _params_and_ranks(path: Path) -> tuple[int, list[dict]]:
-    n_params, rows = 0, []
+def _run_and_ranks(path: Path) -> tuple[dict, list[dict]]:
+    run, rows = {}, []
     for line in path.read_bytes().splitlines():
         batch = orjson.loads(line)
         if r := batch.get("runs"):
-            n_params = r["n_params"][0]
+            run = {k: v[0] for k, v in r.items()}
         if t := batch.get("ranks"):
             rows += [dict(zip(t, values, strict=True)) for values in zip(*t.values(), strict=True)]
-    return n_params, rows
+    return run, rows
