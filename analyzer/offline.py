@@ -8,6 +8,7 @@ non-finite values, loss spikes and divergence, throughput drops. Alerts print as
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -84,4 +85,6 @@ def step_detectors() -> list:
 
 def analyze_file(path: Path, overrides: dict[str, str] | None = None) -> list:
     steps = map_columns(read_table(path), overrides or {})
-    return Analyzer(step_detectors).observe(path.stem, {"steps": steps})
+    alerts = Analyzer(step_detectors).observe(path.stem, {"steps": steps})
+    # A message ends with the collector's query paths to its evidence; a file has none.
+    return [replace(a, message=a.message.split(" Data: ")[0]) for a in alerts]
