@@ -49,3 +49,19 @@ def test_demo_runs_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> None
     con = duckdb.connect(str(store), read_only=True)
     assert con.execute("SELECT count(*) FROM steps").fetchone()[0] >= 4
     con.close()
+
+
+def test_demo_refuses_a_busy_collector_port_and_trains_nothing(collector, tmp_path: Path) -> None:
+    # Another collector holds the port: the demo must not train into it, nor start anything.
+    store = tmp_path / "demo" / "demo.duckdb"
+    demo = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "demo", "--store", str(store), "--steps", "5",
+         "--collector-port", str(collector.port), "--no-dashboard", "--exit-when-done"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert demo.returncode == 2, demo.stdout + demo.stderr
+    assert demo.stderr.strip() == (
+        f"error: port {collector.port} is in use; pick another with --collector-port"
+    )
+    assert not (store.parent / "train.log").exists()
+    assert httpx.get(f"{collector.url}/api/v1/runs", timeout=5).json() == []

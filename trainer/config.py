@@ -11,36 +11,67 @@ from trainvitals.schema import check_run_id
 
 from .presets import PRESETS
 
+# What each TrainConfig field means; also the --help of its flag.
+FLAG_HELP = {
+    "preset": "model size: a key of trainer/presets.py",
+    "steps": "optimizer steps",
+    "dp": "data-parallel (FSDP) degree",
+    "tp": "tensor-parallel degree",
+    "global_batch": "sequences per step, over all data-parallel ranks",
+    "seq_len": "tokens per sequence; 0: the preset's max_seq_len",
+    "lr": "peak learning rate",
+    "min_lr_ratio": "cosine decays to lr * min_lr_ratio",
+    "warmup_steps": "learning-rate warm-up steps; -1: a tenth of the run",
+    "weight_decay": "AdamW weight decay",
+    "grad_clip": "clip the global gradient norm to this; inf: no clipping",
+    "seed": "seed of the weights and the data order",
+    "device": "auto: cuda when available, else cpu",
+    "dtype": "compute dtype under autocast; auto: bfloat16 on cuda, float32 on cpu",
+    "corpus_bytes": "bytes of the synthetic training corpus",
+    "collector": "collector base URL; empty: no HTTP export",
+    "telemetry_file": "also append every telemetry batch to this JSON-lines file",
+    "otlp_endpoint": "also send OTLP/HTTP metrics here, e.g. http://host:4318/v1/metrics",
+    "run_id": "run id (1-128 letters, digits, . _ : @ + = -); empty: a fresh one",
+    "log_every": "the small reference runs log every step; the hooks default to 10",
+    "peak_flops_per_s": "0: from the device table or measured",
+    "canary_every": "logged steps between SDC canary fingerprints; 0: off",
+    "hooks": '"off" trains without trainvitals (to measure what the hooks cost)',
+    "checkpoint_dir": "DCP checkpoints go here; a run finding one there resumes it",
+    "checkpoint_every": "steps between checkpoints; 0: never",
+    "resume": "go on from the newest checkpoint in checkpoint_dir, if there is one",
+    "inject": "a fault to inject, repeatable, e.g. nan:step=30 (kinds and keys: trainer/faults.py)",
+}
+
 
 @dataclass
 class TrainConfig:
     preset: str = "tiny"
     steps: int = 200
-    dp: int = 1  # data-parallel (FSDP) degree
-    tp: int = 1  # tensor-parallel degree
-    global_batch: int = 8  # sequences per step, over all data-parallel ranks
-    seq_len: int = 0  # 0: the preset's max_seq_len
-    lr: float = 3e-3  # peak learning rate
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = -1  # -1: a tenth of the run
+    dp: int = 1
+    tp: int = 1
+    global_batch: int = 8
+    seq_len: int = 0
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = -1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
-    device: str = "auto"  # auto: cuda when available, else cpu
-    dtype: str = "auto"  # compute dtype under autocast; auto: bfloat16 on cuda, float32 on cpu
+    device: str = "auto"
+    dtype: str = "auto"
     corpus_bytes: int = 2_000_000
-    collector: str = ""  # collector base URL; empty: no HTTP export
-    telemetry_file: str = ""  # also append every telemetry batch to this JSON-lines file
-    otlp_endpoint: str = ""  # also send OTLP/HTTP metrics here, e.g. http://host:4318/v1/metrics
+    collector: str = ""
+    telemetry_file: str = ""
+    otlp_endpoint: str = ""
     run_id: str = ""
-    log_every: int = 1  # the small reference runs log every step; the hooks default to 10
-    peak_flops_per_s: float = 0.0  # 0: from the device table or measured
-    canary_every: int = 50  # logged steps between SDC canary fingerprints; 0: off
-    hooks: str = "on"  # "off" trains without trainvitals (to measure what the hooks cost)
-    checkpoint_dir: str = ""  # DCP checkpoints go here; a run finding one there resumes it
-    checkpoint_every: int = 0  # steps between checkpoints; 0: never
-    resume: bool = False  # go on from the newest checkpoint in checkpoint_dir, if there is one
-    inject: list[str] = field(default_factory=list)  # faults, see trainer/faults.py
+    log_every: int = 1
+    peak_flops_per_s: float = 0.0
+    canary_every: int = 50
+    hooks: str = "on"
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    resume: bool = False
+    inject: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -110,12 +141,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field: --global-batch for global_batch, and so on."""
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
+        text = FLAG_HELP[f.name]
         if f.default_factory is list:  # repeatable: --inject A --inject B
-            parser.add_argument(flag, action="append", default=[], dest=f.name, metavar="SPEC")
+            parser.add_argument(
+                flag, action="append", default=[], dest=f.name, metavar="SPEC", help=text
+            )
         elif isinstance(f.default, bool):  # a switch: --resume
-            parser.add_argument(flag, action="store_true", dest=f.name)
+            parser.add_argument(flag, action="store_true", dest=f.name, help=text)
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default, dest=f.name)
+            text += f" (default {f.default!r})"
+            parser.add_argument(
+                flag, type=type(f.default), default=f.default, dest=f.name, help=text
+            )
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

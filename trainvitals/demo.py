@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +52,33 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> N
     raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
+def check_port_free(flag: str, port: int, host: str = "127.0.0.1") -> None:
+    """Raise ValueError naming `flag` unless a server could listen on host:port now.
+
+    A server that cannot bind exits, but only after another process may have answered our
+    health check on that port: the demo would then train into someone else's collector.
+    """
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{flag} must be in 1..65535, got {port}")
+    with socket.socket() as s:
+        # uvicorn and streamlit (tornado) set SO_REUSEADDR too: connections of an earlier
+        # server lingering in TIME_WAIT do not keep them from binding, a listener does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise ValueError(f"port {port} is in use; pick another with {flag}") from None
+
+
+def _wait_trainer(trainer: subprocess.Popen, collector: subprocess.Popen) -> int:
+    """The trainer's exit code; RuntimeError if our collector exits first."""
+    while (code := trainer.poll()) is None:
+        if collector.poll() is not None:
+            raise RuntimeError(f"the collector exited with code {collector.returncode}")
+        time.sleep(0.5)
+    return code
+
+
 def _summary(collector_url: str) -> str:
     runs = httpx.get(f"{collector_url}/api/v1/runs", timeout=5).json()
     if not runs:
@@ -68,6 +96,13 @@ def run_demo(args: argparse.Namespace) -> int:
     me = [sys.executable, "-m", "trainvitals"]
     # The demo's undelivered telemetry (if any) stays beside its store.
     os.environ.setdefault("TRAINVITALS_SPOOL_DIR", str(store.parent / "spool"))
+    try:
+        check_port_free("--collector-port", args.collector_port)
+        if not args.no_dashboard:
+            check_port_free("--dashboard-port", args.dashboard_port)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     procs: list[subprocess.Popen] = []
     trainer = None
     try:
@@ -113,7 +148,7 @@ def run_demo(args: argparse.Namespace) -> int:
             ],
             logs / "train.log",
         )
-        code = trainer.wait()
+        code = _wait_trainer(trainer, collector)
         if code != 0:
             print(f"training failed (exit code {code}); see {logs}/train.log", file=sys.stderr)
             return code

@@ -1,15 +1,17 @@
 """`trainvitals import`: load recorded telemetry into a collector, through its ingest API.
 
 Takes a JSON-lines file written by the hooks' JsonlExporter (`--telemetry-file`), a spool
-directory left by an HttpExporter that could not reach its collector, or a Parquet export
-written by `trainvitals export` (collector/export.py). An export is cut into batches of
-whole steps, at most `batch_rows` rows each, sent as msgpack (which keeps NaN and inf).
+directory left by an HttpExporter that could not reach its collector (one rank's, or the
+folder of rank<k>/ spools above them), or a Parquet export written by `trainvitals export`
+(collector/export.py). An export is cut into batches of whole steps, at most `batch_rows`
+rows each, sent as msgpack (which keeps NaN and inf).
 Each batch is stored whole or not at all, and keys make a second import a no-op. The
 receiving collector writes its own store (invariant 4) and raises the alerts again.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,18 +21,51 @@ from trainvitals import checks
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
+_RANK_DIR = re.compile(r"rank\d+")  # hooks/spool.py: default_spool_dir(rank)
+
+
+class NothingToImport(Exception):
+    """The path is a spool that holds no batches (every one was delivered, say)."""
+
+
+def spool_files(path: Path) -> list[Path]:
+    """The spooled batches under `path`, in the order to send them; ValueError if no spool.
+
+    `path` is one rank's spool (numbered .json files, hooks/spool.py) or the folder above
+    them, $TRAINVITALS_SPOOL_DIR, which holds rank0/, rank1/, ...: rank by rank in rank
+    order, each rank's batches oldest first. A .tmp file is a batch not yet written whole.
+    """
+    entries = list(path.iterdir())
+    if entries and all(p.is_dir() and _RANK_DIR.fullmatch(p.name) for p in entries):
+        ranks = sorted(entries, key=lambda p: int(p.name.removeprefix("rank")))
+        return [file for rank in ranks for file in _rank_files(rank)]
+    return _rank_files(path)
+
+
+def _rank_files(path: Path) -> list[Path]:
+    if any(not p.is_file() or p.suffix not in (".json", ".tmp") for p in path.iterdir()):
+        raise ValueError(
+            f"{path} is neither a Parquet export (folders runs/, steps/, ... written by "
+            "`trainvitals export`) nor a spool directory (numbered .json batches, or "
+            "rank<k>/ folders of them)"
+        )
+    return sorted(path.glob("*.json"))  # zero-padded sequence numbers: oldest first
 
 
 def batches(path: Path) -> Iterator[tuple[str, bytes]]:
     """(where, body) of every batch in a JSON-lines file or a spool directory, in order."""
     if path.is_dir():
-        for file in sorted(path.glob("*.json")):
-            yield file.name, file.read_bytes()
+        yield from _spooled(path, spool_files(path))
         return
     with path.open("rb") as f:
         for number, line in enumerate(f, start=1):
             if line.strip():
                 yield f"line {number}", line
+
+
+def _spooled(root: Path, files: list[Path]) -> Iterator[tuple[str, bytes]]:
+    for file in files:
+        yield str(file.relative_to(root)), file.read_bytes()
 
 
 def export_batches(path: Path, batch_rows: int) -> Iterator[tuple[str, bytes]]:
@@ -44,26 +79,37 @@ def export_batches(path: Path, batch_rows: int) -> Iterator[tuple[str, bytes]]:
 
 
 def _source(path: Path, batch_rows: int) -> tuple[Iterator[tuple[str, bytes]], str]:
-    """The batches at `path` and their content type; ValueError if it holds none we know."""
+    """The batches at `path` and their content type.
+
+    ValueError if it holds none we know; NothingToImport if it is a spool with no batches.
+    """
     from trainvitals.collector.export import is_export
 
     if is_export(path):
         return export_batches(path, batch_rows), MSGPACK
-    if path.is_dir() and any(p.suffix not in (".json", ".tmp") for p in path.iterdir()):
-        raise ValueError(
-            f"{path} is neither a Parquet export (folders runs/, steps/, ... written by "
-            "`trainvitals export`) nor a spool directory (numbered .json batches)"
-        )
+    if path.is_dir():
+        files = spool_files(path)  # ValueError if it is no spool either
+        if not files:
+            raise NothingToImport(f"nothing to import: {path} holds no spooled batches")
+        return _spooled(path, files), JSON
     return batches(path), JSON
 
 
 def run_import(path: Path, collector: str, token: str = "", batch_rows: int = 5000) -> int:
+    """Send every batch at `path` to `collector`; return the exit status of `trainvitals import`.
+
+    0: all stored, or nothing to do (a spool left empty once its batches were delivered);
+    1: some batches rejected, or the collector unreachable; 2: `path` missing or unreadable.
+    """
     checks.http_url("--collector", collector)  # ValueError, before anything is read
     if not path.exists():
         print(f"error: {path} does not exist")
         return 2
     try:
         source, ctype = _source(path, batch_rows)
+    except NothingToImport as e:
+        print(e)
+        return 0
     except ValueError as e:
         print(f"error: {e}")
         return 2
