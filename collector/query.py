@@ -89,9 +89,18 @@ def list_runs(store: StoreDep) -> list[dict[str, Any]]:
         """
     ).to_pylist()
     for row in rows:
-        names = row.pop("layer_names_json")
-        row["layer_names"] = json.loads(names) if names else None
+        row["layer_names"] = _layer_names(row.pop("layer_names_json"))
     return rows
+
+
+def _layer_names(text: str | None) -> list | None:
+    """A run's layer names; None if it has none, or if a store from before ingest checked
+    them holds text that is not a JSON list (one bad row must not fail every run's list)."""
+    try:
+        names = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+    return names if isinstance(names, list) else None
 
 
 @router.get("/runs/{run_id}/steps")
@@ -158,7 +167,7 @@ def layer_series(
     _require_run(store, run_id)
     names = store.query("SELECT layer_names_json FROM runs WHERE run_id = ?", [run_id]).to_pylist()
     grid = _grid(store, "layers", "layer", metric, run_id, start, end, max_steps, agg)
-    return {"layer_names": json.loads(names[0]["layer_names_json"]) if names else None, **grid}
+    return {"layer_names": _layer_names(names[0]["layer_names_json"]) if names else None, **grid}
 
 
 @router.get("/runs/{run_id}/ranks")

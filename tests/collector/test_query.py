@@ -115,6 +115,22 @@ def test_replay_mode_serves_an_older_store_and_refuses_ingest(tmp_path) -> None:
         assert r.status_code == 409 and "replay" in r.json()["detail"]
 
 
+def test_a_stored_runs_row_with_bad_layer_names_fails_no_listing(client) -> None:
+    """Ingest refuses such a row now; a store written before it checked may still hold one."""
+    _fill(client)
+    cur = client.app.state.store.cursor()
+    cur.execute(
+        "INSERT INTO runs (run_id, started_unix_s, model, model_config_json, n_params, "
+        "n_layers, layer_names_json, world_size, dp, tp, device_type, device_name, hosts_json, "
+        "flops_per_token, peak_flops_per_s, peak_flops_source) VALUES ('r1', 1.0, 'm', '{}', "
+        "1, 2, 'not json', 1, 1, 1, 'cpu', 'cpu', '[]', 6.0, 1e12, 'given')"
+    )
+    (run,) = client.get("/api/v1/runs").json()
+    assert run["run_id"] == "r1" and run["layer_names"] is None
+    layers = client.get("/api/v1/runs/r1/layers")
+    assert layers.status_code == 200 and layers.json()["layer_names"] is None
+
+
 def test_parquet_export_is_served_in_replay_mode(settings, tmp_path) -> None:
     import subprocess
     import sys
