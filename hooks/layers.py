@@ -14,6 +14,7 @@ Shard(0/1), strided shards) partition the tensor and get weight 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -101,6 +102,31 @@ def local(t: torch.Tensor) -> torch.Tensor:
     Taken from the DTensor directly: `to_local()` runs an autograd Function, about 13 us a
     call, which over every parameter (three times) was most of a logged step's host time."""
     return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def first_float_tensor(output: Any) -> torch.Tensor | None:
+    """The tensor a layer's statistics describe: its output, or the first floating-point
+    tensor in a tuple, list or dict of them (a Hugging Face layer returns (hidden, ...), a
+    model a dict of outputs); None if it has none (token ids, a router's indices)."""
+    if isinstance(output, torch.Tensor):
+        return output if output.is_floating_point() else None
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, tuple | list):
+        for item in output:
+            found = first_float_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def dense_values(t: torch.Tensor) -> torch.Tensor:
+    """A tensor whose norm is `t`'s: a sparse gradient (nn.Embedding(sparse=True)) by its
+    values, as the norm kernels take dense tensors only."""
+    if not t.is_sparse:
+        return t
+    # sync point: sparse gradients only; coalescing sizes its output on the host.
+    return t.coalesce().values()
 
 
 def arrived(t: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,15 @@ from .canary import Canary
 from .comms import CommsMeter
 from .exporter import Exporter, HttpExporter, NullExporter
 from .flops import peak_flops
-from .layers import arrived, find_layers, local, plain_activation_weight, replication_weight
+from .layers import (
+    arrived,
+    dense_values,
+    find_layers,
+    first_float_tensor,
+    local,
+    plain_activation_weight,
+    replication_weight,
+)
 from .power import PowerSampler
 from .records import RANK_SLOT, SAMPLED_FIELDS, StepMeta, VectorLayout, append_step
 from .replica import ReplicaFingerprint
@@ -151,6 +159,8 @@ def attach(
     ddp = model if isinstance(model, DistributedDataParallel) else None
     if ddp is not None:
         model = ddp.module  # its layers are the inner model's
+    # torch.compile(model) wraps it in one module; the layers are the original's.
+    model = getattr(model, "_orig_mod", model)
     if exporter is None and collector_url:
         rank = dist.get_rank() if dist.is_initialized() else 0
         exporter = HttpExporter(collector_url, spool_dir=default_spool_dir(rank))
@@ -179,6 +189,8 @@ class Monitor:
         self._group = dist.new_group() if self.distributed else None
 
         self.params = list(model.parameters())
+        if not self.params:
+            raise ValueError("attach: the model has no parameters to monitor")
         self.layers = find_layers(model)
         self.device = local(self.params[0]).device
         layer_numel = [0] * len(self.layers.names)
@@ -200,6 +212,7 @@ class Monitor:
 
         self.step_count = cfg.first_step
         self.dropped_steps = 0
+        self.failed_exports = 0  # batches an exporter raised on (one that cannot encode them)
         canary_dtype = cfg.canary_dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
         self.canary = Canary(self.device, getattr(torch, canary_dtype))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -323,7 +336,11 @@ class Monitor:
 
     def _activation_hook(self, index: int) -> Callable:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
-            out = output[0] if isinstance(output, tuple) else output
+            if not torch.is_grad_enabled():
+                return  # validation or inference between training steps: not the step's
+            out = first_float_tensor(output)
+            if out is None:
+                return  # no floating-point output (token ids, a router's indices)
             shard = arrived(out).detach()
             if shard.numel() == 0:
                 return
@@ -382,7 +399,7 @@ class Monitor:
         Non-finite gradients are read off their norms at no extra cost (an exact count of
         values would read every gradient five more times)."""
         have = [i for i, p in enumerate(self.params) if p.grad is not None]
-        grads = [local(self.params[i].grad) for i in have]
+        grads = [dense_values(local(self.params[i].grad)) for i in have]
         shards = [local(p) for p in self.params]
         update, self._snapshot = self._snapshot, None
         if update is not None:
@@ -418,16 +435,19 @@ class Monitor:
         sums = self._layer_sums(2, entries, torch.cat([norms.square(), bad]))
         return sums[0], sums[1], count
 
-    def step(self, loss: torch.Tensor, tokens: int, lr: float | None = None) -> None:
+    def step(self, loss: torch.Tensor | float, tokens: int, lr: float | None = None) -> None:
         """Mark the end of a training step. Never waits for the device or the network.
 
-        loss: this rank's loss tensor (on the device; not read here). tokens: tokens this
-        rank processed in the step. lr: the learning rate the step used, if known.
+        loss: this rank's loss tensor (on the device; not read here), or a number; a tensor
+        of per-sample losses counts as its mean. tokens: tokens this rank processed in the
+        step. lr: the learning rate the step used, if known (a number of any kind).
         """
         now, arrival_unix_s = time.perf_counter(), time.time()
         step_time_s, self._last_step_end = now - self._last_step_end, now
         data_time_s, compute_time_s = self.timer.step()
-        loss = loss.detach().reshape(())
+        loss = self._loss_scalar(loss)
+        if lr is not None:
+            lr = float(lr)  # numpy and tensor lrs too; sync point only for an lr on the GPU
         self._end_step(loss)
         if self._active:
             timing = {
@@ -448,6 +468,13 @@ class Monitor:
             # x * 1 is exact: one fused copy of every shard.
             with torch.no_grad():
                 self._snapshot = list(torch._foreach_mul([local(p) for p in self.params], 1.0))
+
+    def _loss_scalar(self, loss: torch.Tensor | float) -> torch.Tensor:
+        """The step's loss as a 0-d device tensor, without reading it."""
+        if not isinstance(loss, torch.Tensor):  # a number the user read already
+            return self._upload([float(loss)], torch.float32)[0]
+        loss = loss.detach()
+        return loss.reshape(()) if loss.numel() == 1 else loss.float().mean()
 
     def _launch(
         self, loss: torch.Tensor, tokens: int, lr: float | None, timing: dict[str, float]
@@ -560,12 +587,15 @@ class Monitor:
         try:
             self.exporter.export(builder)
         except Exception:  # an exporter must not raise; if one does, training goes on
-            log.exception("trainvitals exporter failed")
+            self.failed_exports += 1
+            log.exception("trainvitals exporter failed; the batch is lost")
 
     @property
     def telemetry_dropped(self) -> int:
-        """Logged steps dropped on a full queue plus batches the exporter could not keep."""
-        return self.dropped_steps + getattr(self.exporter, "dropped_batches", 0)
+        """Logged steps dropped on a full queue, plus batches the exporter could not keep
+        or raised on."""
+        dropped_batches = getattr(self.exporter, "dropped_batches", 0)
+        return self.dropped_steps + dropped_batches + self.failed_exports
 
     def event(self, kind: str, step: int, rank: int = -1, detail: dict | None = None) -> None:
         """Record an event (an injected fault, a restart, a checkpoint). Never blocks."""

@@ -143,6 +143,14 @@ def _int_or_none(x: float) -> int | None:
     return int(x) if math.isfinite(x) else None
 
 
+def _step_loss(layout: VectorLayout, v: np.ndarray, ranks: np.ndarray, tokens: float) -> float:
+    """The job's loss: token-weighted over the ranks; their plain mean if no rank reported
+    tokens (step(tokens=0)), where the weighted mean would be 0/0."""
+    if tokens > 0:
+        return layout.per_step(v, "loss_x_tokens") / tokens
+    return float(np.mean(ranks[:, _SLOT["loss"]]))
+
+
 def append_step(
     builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, v_max: np.ndarray, meta: StepMeta
 ) -> None:
@@ -167,7 +175,7 @@ def append_step(
         "steps",
         step=meta.step,
         time_unix_s=release,
-        loss=_safe_div(layout.per_step(v, "loss_x_tokens"), tokens),
+        loss=_step_loss(layout, v, ranks, tokens),
         grad_norm=math.sqrt(grad_sumsq.sum()),
         lr=meta.lr,
         tokens=round(tokens),
@@ -184,7 +192,8 @@ def append_step(
     )
     act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
     param_norm = np.sqrt(layout.per_layer(v, "param_sumsq"))
-    update_rms = np.sqrt(layout.per_layer(v, "update_sumsq") / np.array(layout.layer_numel))
+    with np.errstate(invalid="ignore", divide="ignore"):  # a layer with no weights: NaN
+        update_rms = np.sqrt(layout.per_layer(v, "update_sumsq") / np.array(layout.layer_numel))
     for layer in range(layout.n_layers):
         builder.append(
             "layers",

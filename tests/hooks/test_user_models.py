@@ -1,0 +1,182 @@
+"""attach() on the models and loops users bring: outputs of every shape, sparse gradients,
+losses and learning rates of every type, validation between steps. Telemetry never raises
+into the training loop, and what it reports is still right."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import orjson
+import pytest
+import torch
+from torch import nn
+
+from trainvitals.hooks import InMemoryExporter, JsonlExporter, attach
+
+
+class _DictOut(nn.Module):
+    """A backbone returning a dict, as Hugging Face models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return {"last_hidden_state": self.proj(x), "mask": x > 0}
+
+
+class _Router(nn.Module):
+    """An MoE router: (expert indices, weights); the indices come first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+
+    def forward(self, x):
+        weights = self.gate(x).softmax(-1)
+        return weights.argmax(-1), weights
+
+
+class _Model(nn.Module):
+    def __init__(self, sparse: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8, sparse=sparse)
+        self.backbone = _DictOut()
+        self.router = _Router()
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, ids):
+        h = self.backbone(self.embed(ids))["last_hidden_state"]
+        _, weights = self.router(h)
+        return self.head(h * weights.sum(-1, keepdim=True))
+
+
+def _loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+
+
+def _ids(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 16, (2, 6), generator=torch.Generator().manual_seed(seed))
+
+
+def test_dict_and_integer_outputs_are_read_past(tmp_path) -> None:
+    torch.manual_seed(0)
+    model, out = _Model(), InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    for step in range(2):
+        loss = _loss(model, _ids(step))
+        loss.backward()
+        monitor.step(loss=loss, tokens=12)
+        model.zero_grad()
+    monitor.close()
+    names = orjson.loads(out.rows("runs")[0]["layer_names_json"])
+    act = {names[r["layer"]]: r["act_rms"] for r in out.rows("layers") if r["step"] == 1}
+    with torch.no_grad():  # what the hooks should have read: the dict's first tensor
+        hidden = model.backbone(model.embed(_ids(1)))["last_hidden_state"]
+        weights = model.router(hidden)[1]
+    assert act["backbone"] == pytest.approx(hidden.square().mean().sqrt().item(), rel=1e-5)
+    assert act["router"] == pytest.approx(weights.square().mean().sqrt().item(), rel=1e-5)
+
+
+def test_a_sparse_gradient_is_measured_by_its_values() -> None:
+    torch.manual_seed(0)
+    model, out = _Model(sparse=True), InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    ids = torch.tensor([[1, 1, 2, 3, 3, 3]])  # repeated rows: the sparse grad is uncoalesced
+    loss = _loss(model, ids)
+    loss.backward()
+    monitor.step(loss=loss, tokens=6)
+    expected = model.embed.weight.grad.to_dense().norm().item()
+    monitor.close()
+    (embed,) = [r for r in out.rows("layers") if r["layer"] == 0]
+    assert embed["grad_norm"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (2.5, 2.5),  # loss.item(), read by the user
+        (np.float32(2.5), 2.5),
+        (torch.tensor([1.0, 2.0, 4.5]), 2.5),  # per-sample losses: their mean
+    ],
+)
+def test_losses_of_every_type(given, expected) -> None:
+    model, out = _Model(), InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    _loss(model, _ids()).backward()
+    monitor.step(loss=given, tokens=12)
+    monitor.close()
+    assert out.rows("steps")[0]["loss"] == pytest.approx(expected)
+
+
+def test_tokens_zero_still_reports_the_loss() -> None:
+    model, out = _Model(), InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    _loss(model, _ids()).backward()
+    monitor.step(loss=torch.tensor(1.75), tokens=0)  # a weighted mean would be 0/0
+    monitor.close()
+    assert out.rows("steps")[0]["loss"] == pytest.approx(1.75)
+
+
+def test_numpy_and_tensor_learning_rates_reach_the_file(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    model = _Model()
+    monitor = attach(model, exporter=JsonlExporter(str(path)), peak_flops_per_s=1e12, log_every=1)
+    for lr in (np.float64(3e-4), torch.tensor(1e-4)):  # a numpy schedule; get_last_lr()
+        _loss(model, _ids()).backward()
+        monitor.step(loss=torch.tensor(2.0), tokens=12, lr=lr)
+        model.zero_grad()
+    monitor.close()
+    steps = [orjson.loads(line).get("steps") for line in path.read_bytes().splitlines()]
+    lrs = [lr for s in steps if s for lr in s["lr"]]
+    assert lrs == pytest.approx([3e-4, 1e-4])
+
+
+def test_an_exporter_that_raises_is_counted_as_dropped() -> None:
+    class Refusing:
+        def export(self, batch):
+            raise TypeError("Type is not JSON serializable")
+
+        def shutdown(self, timeout_s):
+            pass
+
+    model = _Model()
+    monitor = attach(model, exporter=Refusing(), peak_flops_per_s=1e12, log_every=1)
+    _loss(model, _ids()).backward()
+    monitor.step(loss=torch.tensor(2.0), tokens=12)
+    monitor.close()
+    assert monitor.telemetry_dropped >= 1
+
+
+def test_validation_between_steps_is_not_counted_as_the_step() -> None:
+    torch.manual_seed(0)
+    model, out = _Model(), InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=2)
+    for step in range(3):
+        loss = _loss(model, _ids(step))
+        loss.backward()
+        if step > 0:  # evaluation on an unlogged and a logged step, with NaN inputs
+            model.eval()
+            with torch.no_grad():
+                model.head(torch.full((4, 8), math.nan))
+                model.backbone(torch.full((4, 8), 1e6))
+            model.train()
+        monitor.step(loss=loss, tokens=12)
+        model.zero_grad()
+    monitor.close()
+    (step,) = [r for r in out.rows("steps") if r["step"] == 2]
+    assert step["nonfinite_count"] == 0 and step["nonfinite_steps"] == 0
+    assert all(r["act_max_abs"] < 1e3 for r in out.rows("layers") if r["step"] == 2)
+
+
+def test_a_compiled_model_is_watched_through_its_original() -> None:
+    model = _Model()
+    monitor = attach(torch.compile(model), exporter=InMemoryExporter(), peak_flops_per_s=1e12)
+    assert monitor.layers.names == ["embed", "backbone", "router", "head"]
+    monitor.close()
+
+
+def test_a_model_without_parameters_is_refused_at_attach() -> None:
+    with pytest.raises(ValueError, match="no parameters to monitor"):
+        attach(nn.ReLU(), exporter=InMemoryExporter())
