@@ -524,11 +524,11 @@ def _check_unique_keys(spec: Table, table: Any) -> None:
     keys = [k for k in spec.key if k != "run_id"]
     if table.num_rows < 2 or _strictly_ascending(table, keys):
         return  # the usual case, as producers send rows in key order
-    if table.group_by(keys).aggregate([]).num_rows == table.num_rows:
+    counts = table.group_by(keys).aggregate([([], "count_all")])
+    if counts.num_rows == table.num_rows:
         return
     import pyarrow.compute as pc
 
-    counts = table.group_by(keys).aggregate([([], "count_all")])
     dup = counts.filter(pc.greater(counts["count_all"], 1)).slice(0, 1).to_pylist()[0]
     n = dup.pop("count_all")
     where = ", ".join(f"{k}={v!r}" for k, v in dup.items())

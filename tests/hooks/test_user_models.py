@@ -60,10 +60,15 @@ def _ids(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 16, (2, 6), generator=torch.Generator().manual_seed(seed))
 
 
+def _watched(model: nn.Module | None = None, log_every: int = 1):
+    """(model, its exporter, its monitor) for a test run."""
+    model, out = model or _Model(), InMemoryExporter()
+    return model, out, attach(model, exporter=out, peak_flops_per_s=1e12, log_every=log_every)
+
+
 def test_dict_and_integer_outputs_are_read_past(tmp_path) -> None:
     torch.manual_seed(0)
-    model, out = _Model(), InMemoryExporter()
-    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    model, out, monitor = _watched()
     for step in range(2):
         loss = _loss(model, _ids(step))
         loss.backward()
@@ -81,8 +86,7 @@ def test_dict_and_integer_outputs_are_read_past(tmp_path) -> None:
 
 def test_a_sparse_gradient_is_measured_by_its_values() -> None:
     torch.manual_seed(0)
-    model, out = _Model(sparse=True), InMemoryExporter()
-    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    model, out, monitor = _watched(_Model(sparse=True))
     ids = torch.tensor([[1, 1, 2, 3, 3, 3]])  # repeated rows: the sparse grad is uncoalesced
     loss = _loss(model, ids)
     loss.backward()
@@ -102,8 +106,7 @@ def test_a_sparse_gradient_is_measured_by_its_values() -> None:
     ],
 )
 def test_losses_of_every_type(given, expected) -> None:
-    model, out = _Model(), InMemoryExporter()
-    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    model, out, monitor = _watched()
     _loss(model, _ids()).backward()
     monitor.step(loss=given, tokens=12)
     monitor.close()
@@ -111,8 +114,7 @@ def test_losses_of_every_type(given, expected) -> None:
 
 
 def test_tokens_zero_still_reports_the_loss() -> None:
-    model, out = _Model(), InMemoryExporter()
-    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1)
+    model, out, monitor = _watched()
     _loss(model, _ids()).backward()
     monitor.step(loss=torch.tensor(1.75), tokens=0)  # a weighted mean would be 0/0
     monitor.close()
@@ -151,8 +153,7 @@ def test_an_exporter_that_raises_is_counted_as_dropped() -> None:
 
 def test_validation_between_steps_is_not_counted_as_the_step() -> None:
     torch.manual_seed(0)
-    model, out = _Model(), InMemoryExporter()
-    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=2)
+    model, out, monitor = _watched(log_every=2)
     for step in range(3):
         loss = _loss(model, _ids(step))
         loss.backward()
