@@ -15,7 +15,8 @@ pytestmark = pytest.mark.gpu
 
 def test_nvml_reads_device_state_and_rates() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
-    sampler = power.PowerSampler(device, local_rank=0, interval_s=0.05)
+    # Node counters every 0.1 s (1 s by default), so that the read below has their rates.
+    sampler = power.PowerSampler(device, local_rank=0, interval_s=0.05, node_interval_s=0.1)
     assert sampler.source == "nvml", sampler.unavailable
     x = torch.randn(4096, 4096, device=device)
     for _ in range(50):
