@@ -16,11 +16,16 @@ CPU reference run (4 ranks under torchrun, dp=2 x tp=2; the script starts torchr
 One GPU, one process, turns of ten steps (a device sync after every step would expose
 launch costs that a real run hides behind the device's work):
     python bench/hook_overhead.py --dp 1 --tp 1 --preset 125m --batch 16 --steps-per-block 10
+The hooks' host work alone (Python, op dispatch), which a GPU run pays in full when its
+host is as busy as its device: the preset's layers at a width of 16 and 4 tokens, so that
+every op is dispatch and the step's time is host time:
+    python bench/hook_overhead.py --dp 1 --tp 1 --preset 125m --batch 1 --host-cost
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import random
@@ -59,7 +64,15 @@ def parse_args() -> argparse.Namespace:
         default=f"{DEFAULT_EVERY},1",
         help="logging intervals to measure, comma-separated (default: %(default)s)",
     )
+    p.add_argument(
+        "--host-cost",
+        action="store_true",
+        help="the preset's layers at width 16 and 4 tokens: the step is all dispatch",
+    )
     args = p.parse_args()
+    args.model = PRESETS[args.preset]
+    if args.host_cost:
+        args.model = dataclasses.replace(args.model, dim=16, n_heads=2, ffn_dim=16, max_seq_len=4)
     try:
         args.intervals = [int(x) for x in args.intervals.split(",")]
     except ValueError:
@@ -79,7 +92,7 @@ class Trainee:
 
     def __init__(self, args, mesh, device: torch.device, log_every: int | None) -> None:
         torch.manual_seed(0)  # every copy, on every rank, starts from the same weights
-        self.model = Transformer(PRESETS[args.preset]).to(device)
+        self.model = Transformer(args.model).to(device)
         if mesh is not None:
             parallelize(self.model, mesh)
         self.params = list(self.model.parameters())
@@ -159,7 +172,7 @@ def measure(args) -> None:
         dp_rank = mesh["dp"].get_local_rank()
     index = torch.cuda.current_device() if device_type == "cuda" else None
     device = torch.device(device_type, index)
-    cfg = PRESETS[args.preset]
+    cfg = args.model
     generator = torch.Generator().manual_seed(dp_rank)  # tp peers share a batch, dp ranks differ
     shape = (args.batch // args.dp, cfg.max_seq_len + 1)
     tokens = torch.randint(0, cfg.vocab_size, shape, generator=generator)
@@ -190,7 +203,7 @@ def median_with_interval(ratios: list[float]) -> tuple[float, float, float]:
 
 def report(args, device: torch.device, per_step: dict[str, list[float]]) -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    cfg = PRESETS[args.preset]
+    cfg = args.model
     ranks = args.dp * args.tp
     steps_per_round = args.blocks_per_round * args.steps_per_block
     print(
@@ -200,13 +213,26 @@ def report(args, device: torch.device, per_step: dict[str, list[float]]) -> None
     )
     for copy, values in per_step.items():
         print(f"{copy}: median {statistics.median(values) * 1e3:.2f} ms/step")
-    overhead = {}
+    overhead, extra_s = {}, {}
     for copy in [CONTROL, *(f"every {n}" for n in args.intervals)]:
-        ratios = [h / b - 1 for h, b in zip(per_step[copy], per_step["off"], strict=True)]
-        overhead[copy] = median_with_interval(ratios)
+        pairs = list(zip(per_step[copy], per_step["off"], strict=True))
+        overhead[copy] = median_with_interval([h / b - 1 for h, b in pairs])
+        extra_s[copy] = median_with_interval([h - b for h, b in pairs])
         median, low, high = (100 * x for x in overhead[copy])
-        print(f"{copy}: {median:+.2f}% step time (95% interval {low:+.2f}% to {high:+.2f}%)")
-    median, low, high = (100 * x for x in overhead[f"every {DEFAULT_EVERY}"])
+        print(
+            f"{copy}: {median:+.2f}% step time (95% interval {low:+.2f}% to {high:+.2f}%), "
+            f"{extra_s[copy][0] * 1e3:+.3f} ms/step"
+        )
+    default = f"every {DEFAULT_EVERY}"
+    median, low, high = (100 * x for x in overhead[default])
+    if args.host_cost:
+        ms, low_ms, high_ms = (1e3 * x for x in extra_s[default])
+        print(
+            f"hooks' host time at the default interval (every {DEFAULT_EVERY} steps), {name}, "
+            f"{cfg.n_layers} layers at width {cfg.dim}: {ms:+.3f} ms/step "
+            f"(95% interval {low_ms:+.3f} to {high_ms:+.3f} ms), {median:+.2f}% of the step"
+        )
+        return
     print(
         f"hook overhead at the default interval (every {DEFAULT_EVERY} steps), {name}, "
         f"{ranks} rank(s) dp={args.dp} x tp={args.tp}, preset {args.preset}: {median:+.2f}% "

@@ -199,7 +199,7 @@ class Monitor:
         self.layout = VectorLayout(len(self.layers.names), self.world_size, tuple(layer_numel))
         self._param_weight = [replication_weight(p, self.world_size) for p in self.params]
         self._plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
-        self._constants: dict[tuple, torch.Tensor] = {}  # see _on_device
+        self._constants: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # _layer_sums
         self._snapshot: list[torch.Tensor] | None = None
         # Block outputs of a logged step: (layer, weight, elements, L2 norm, non-finite count)
         self._act_logged: list[tuple[int, float, int, torch.Tensor, torch.Tensor]] = []
@@ -371,23 +371,32 @@ class Monitor:
             return host
         return host.pin_memory().to(self.device, non_blocking=True)
 
-    def _on_device(self, key: tuple, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """`values` as a device tensor, uploaded once per key."""
+    def _layer_sums(
+        self, key: tuple, entries: Callable[[], list[tuple]], rows: int, values: torch.Tensor
+    ) -> torch.Tensor:
+        """Sum values[k] * weight_k into slot (row_k, layer_k) of a (rows, n_layers) float64
+        matrix, entries()[k] = (row_k, layer_k, weight_k): one index_add on the device. The
+        layout is built and uploaded once per `key` (it changes only when, say, a frozen
+        parameter stops having a gradient), not on every logged step."""
         if key not in self._constants:
             if len(self._constants) >= 16:  # keys that keep changing must not pile up
                 self._constants.clear()
-            self._constants[key] = self._upload(values, dtype)
-        return self._constants[key]
+            n, layout = self.layout.n_layers, entries()
+            self._constants[key] = (
+                self._upload([r * n + i for r, i, _ in layout], torch.int64),
+                self._upload([w for *_, w in layout], torch.float64),
+            )
+        flat, weight = self._constants[key]
+        out = torch.zeros(rows * self.layout.n_layers, dtype=torch.float64, device=self.device)
+        return out.index_add_(0, flat, values * weight).view(rows, -1)
 
-    def _layer_sums(self, rows: int, entries: list[tuple], values: torch.Tensor) -> torch.Tensor:
-        """Sum values[k] * weight_k into slot (row_k, layer_k) of a (rows, n_layers) float64
-        matrix, entries[k] = (row_k, layer_k, weight_k): one index_add on the device."""
-        n = self.layout.n_layers
-        key = ("sums", rows, tuple(entries))
-        flat = self._on_device((*key, "index"), [r * n + i for r, i, _ in entries], torch.int64)
-        weight = self._on_device((*key, "weight"), [w for *_, w in entries], torch.float64)
-        out = torch.zeros(rows * n, dtype=torch.float64, device=self.device)
-        return out.index_add_(0, flat, values * weight).view(rows, n)
+    def _param_entries(self, have: tuple[int, ...], n_update: int) -> list[tuple]:
+        """_layer_sums rows of _param_stats: gradients, parameters, updates, and the
+        gradients again for their non-finite flags."""
+        layer, weight = self.layers.param_layer, self._param_weight
+        owners = [(0, i) for i in have] + [(1, i) for i in range(len(self.params))]
+        owners += [(2, i) for i in range(n_update)] + [(3, i) for i in have]
+        return [(row, layer[i], weight[i]) for row, i in owners]
 
     @torch.no_grad()  # parameter shards may require grad; nothing here is for autograd
     def _param_stats(self) -> tuple[torch.Tensor, ...]:
@@ -398,25 +407,25 @@ class Monitor:
 
         Non-finite gradients are read off their norms at no extra cost (an exact count of
         values would read every gradient five more times)."""
-        have = [i for i, p in enumerate(self.params) if p.grad is not None]
+        have = tuple(i for i, p in enumerate(self.params) if p.grad is not None)
         grads = [dense_values(local(self.params[i].grad)) for i in have]
         shards = [local(p) for p in self.params]
-        update, self._snapshot = self._snapshot, None
-        if update is not None:
+        update, self._snapshot = self._snapshot or [], None
+        if update:
             # In place: the snapshot becomes minus the update (same norm); no second copy.
             torch._foreach_sub_(update, shards)
-        owners = [(0, i) for i in have] + [(1, i) for i in range(len(shards))]
-        owners += [(2, i) for i in range(len(update or []))]
-        layer, weight = self.layers.param_layer, self._param_weight
-        entries = [(row, layer[i], weight[i]) for row, i in owners]
-        norms = torch._foreach_norm(grads + shards + (update or []), 2, dtype=torch.float32)
+        norms = torch._foreach_norm(grads + shards + update, 2, dtype=torch.float32)
         norms = torch.stack(norms).double()
-        sums = self._layer_sums(3, entries, norms.square())
-        bad = (~torch.isfinite(norms[: len(have)])).double()
-        grad_nonfinite = self._layer_sums(1, entries[: len(have)], bad)[0]
-        if update is None:
+        bad = norms[: len(have)].isfinite().logical_not().double()
+        sums = self._layer_sums(
+            ("params", have, len(update)),
+            lambda: self._param_entries(have, len(update)),
+            4,
+            torch.cat([norms.square(), bad]),
+        )
+        if not update:
             sums[2].fill_(math.nan)  # a kernel argument: no copy from the host
-        return sums[0], grad_nonfinite, sums[1], sums[2]
+        return sums[0], sums[3], sums[1], sums[2]
 
     def _activation_stats(self) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
         """Per-layer sums of squares and non-finite counts of the logged step's block
@@ -428,11 +437,15 @@ class Monitor:
         if not logged:
             zeros = torch.zeros((2, self.layout.n_layers), dtype=torch.float64, device=self.device)
             return zeros[0], zeros[1], count
-        entries = [(0, index, weight) for index, weight, *_ in logged]
-        entries += [(1, index, weight) for index, weight, *_ in logged]
+        owners = tuple((index, weight) for index, weight, *_ in logged)
         norms = torch.stack([norm for *_, norm, _bad in logged]).double()
         bad = torch.stack([bad for *_, bad in logged]).double()
-        sums = self._layer_sums(2, entries, torch.cat([norms.square(), bad]))
+        sums = self._layer_sums(
+            ("activations", owners),
+            lambda: [(row, index, weight) for row in (0, 1) for index, weight in owners],
+            2,
+            torch.cat([norms.square(), bad]),
+        )
         return sums[0], sums[1], count
 
     def step(self, loss: torch.Tensor | float, tokens: int, lr: float | None = None) -> None:
