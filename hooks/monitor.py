@@ -220,15 +220,19 @@ class Monitor:
         self._active = cfg.first_step % cfg.log_every == 0  # is this step a logged one?
         self.comms.arm(self._active)
         self._reset_accumulators()
-        # Block-output extrema: this step's, by layer; then every step's since the last fold.
-        self._step_extrema: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._lows: list[torch.Tensor] = []
-        self._highs: list[torch.Tensor] = []
+        # Block outputs of the running forward: (layer, local shard, replication weight on a
+        # logged step). Read together, with one fused kernel, when the forward returns.
+        self._pending: list[tuple[int, torch.Tensor, float]] = []
+        # Block-output max-abs: this step's, by layer; then every step's since the last fold.
+        self._step_max: dict[int, torch.Tensor] = {}
+        self._maxima: list[torch.Tensor] = []
         self._zero = torch.zeros((), device=self.device)
         self._handles = [
             m.register_forward_hook(self._activation_hook(i))
             for i, m in enumerate(self.layers.modules)
         ]
+        # After the layers' hooks: a layer that is the model itself is collected first.
+        self._handles.append(model.register_forward_hook(self._read_outputs))
 
         run_meta = self._run_metadata(model)  # collective
         self.run_id = run_meta["run_id"]
@@ -306,33 +310,29 @@ class Monitor:
         self._bad_steps = torch.zeros((), dtype=torch.float64, device=self.device)
 
     def _end_step(self, loss: torch.Tensor) -> None:
-        """Line up this step's extrema, one (min, max) pair per layer and the loss, behind
-        those of the steps before it. Nothing runs on the device here: the pairs are folded
-        into the running maxima once per logged step (or every FOLD_STEPS steps)."""
+        """Line up this step's max-abs per layer and the loss behind those of the steps
+        before it. Nothing runs on the device here: the rows are folded into the running
+        maxima once per logged step (or every FOLD_STEPS steps)."""
+        if self._pending:  # layers run outside the model's forward (or it was bypassed)
+            self._read_outputs()
         zero = self._zero
-        for i in range(len(self.layers.names)):
-            low, high = self._step_extrema.get(i, (zero, zero))  # a layer not run: 0
-            self._lows.append(low)
-            self._highs.append(high)
-        self._lows.append(loss)
-        self._highs.append(loss)
-        self._step_extrema = {}
-        if self._active or len(self._lows) >= FOLD_STEPS * (len(self.layers.names) + 1):
-            self._fold_extrema()
+        self._maxima.extend(self._step_max.get(i, zero) for i in range(len(self.layers.names)))
+        self._maxima.append(loss)  # only its finiteness is read
+        self._step_max = {}
+        if self._active or len(self._maxima) >= FOLD_STEPS * (len(self.layers.names) + 1):
+            self._fold_maxima()
 
-    def _fold_extrema(self) -> None:
+    def _fold_maxima(self) -> None:
         """Fold the lined-up steps into the running maxima and non-finite step counts. A
         non-finite value anywhere in an output makes its max-abs non-finite, so the steps
         that held one are counted from the maxima alone."""
         n = len(self.layers.names)
-        lows = torch.stack(self._lows).double().view(-1, n + 1)  # a row per step
-        highs = torch.stack(self._highs).double().view(-1, n + 1)
-        self._lows, self._highs = [], []
-        max_abs = torch.maximum(-lows, highs)  # NaN stays NaN
-        bad = max_abs.isfinite().logical_not()
-        self._act_max = torch.maximum(self._act_max, max_abs[:, :n].amax(0))
+        rows = torch.stack(self._maxima).view(-1, n + 1)  # a row per step, the loss last
+        self._maxima = []
+        bad = rows.isfinite().logical_not_()
+        self._act_max = torch.maximum(self._act_max, rows[:, :n].amax(0))  # NaN stays NaN
         self._act_bad_steps += bad[:, :n].sum(0)
-        self._bad_steps += bad.any(1).sum()  # the last column is the loss
+        self._bad_steps += bad.any(1).sum()
 
     def _activation_hook(self, index: int) -> Callable:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
@@ -344,24 +344,46 @@ class Monitor:
             shard = arrived(out).detach()
             if shard.numel() == 0:
                 return
-            # Every step, one read of the output and no temporary: the max of copies is the
-            # max of one, and NaN propagates through both ends. The pair waits, on the
-            # device, for the next fold.
-            low, high = torch.aminmax(shard)
-            seen = self._step_extrema.get(index)
-            if seen is not None:  # run again within the step: micro-batches, recomputation
-                low, high = torch.minimum(seen[0], low), torch.maximum(seen[1], high)
-            self._step_extrema[index] = (low, high)
-            if not self._active:
+            weight = 0.0
+            if self._active:
+                weight = replication_weight(out) if isinstance(out, DTensor) else self._plain_weight
+            if _graph_task_id() != -1:
+                # Recomputed inside backward (activation checkpointing; a reentrant
+                # checkpoint's forward ran without grad, unseen): read at once, as holding
+                # it would keep it alive through the rest of the backward.
+                self._read([(index, shard, weight)])
                 return
-            weight = replication_weight(out) if isinstance(out, DTensor) else self._plain_weight
-            norm = torch.linalg.vector_norm(shard, dtype=torch.float32)
+            # Held until the forward returns, when autograd still holds these outputs for
+            # the backward anyway: no memory is kept alive that would not be.
+            self._pending.append((index, shard, weight))
+
+        return hook
+
+    def _read_outputs(self, *_: Any) -> None:
+        """When the model's forward returns: read the block outputs it produced."""
+        pending, self._pending = self._pending, []
+        if pending:
+            self._read(pending)
+
+    @torch.no_grad()
+    def _read(self, pending: list[tuple[int, torch.Tensor, float]]) -> None:
+        """Every output's max-abs, one read of each in one fused kernel (one per dtype),
+        waiting on the device for the next fold; on a logged step also their L2 norms
+        (fused too) and exact non-finite counts."""
+        shards = [shard for _, shard, _ in pending]
+        # The inf-norm is the max-abs, and NaN propagates through it (`max_propagate_nan`).
+        max_abs = torch._foreach_norm(shards, math.inf)
+        for (index, *_), value in zip(pending, max_abs, strict=True):
+            seen = self._step_max.get(index)  # run again: micro-batches of the step
+            self._step_max[index] = value if seen is None else torch.maximum(seen, value)
+        if not self._active:
+            return
+        norms = torch._foreach_norm(shards, 2, dtype=_norm_dtype(shards))
+        for (index, shard, weight), norm in zip(pending, norms, strict=True):
             # x - x is 0 for a finite x and NaN for NaN or inf: two passes, where isfinite
             # takes five.
             nonfinite = torch.count_nonzero(shard - shard)
             self._act_logged.append((index, weight, shard.numel(), norm, nonfinite))
-
-        return hook
 
     def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """Host numbers to the device without waiting: on CUDA through pinned memory, copied
@@ -414,7 +436,8 @@ class Monitor:
         if update:
             # In place: the snapshot becomes minus the update (same norm); no second copy.
             torch._foreach_sub_(update, shards)
-        norms = torch._foreach_norm(grads + shards + update, 2, dtype=torch.float32)
+        tensors = grads + shards + update
+        norms = torch._foreach_norm(tensors, 2, dtype=_norm_dtype(tensors))
         norms = torch.stack(norms).double()
         bad = norms[: len(have)].isfinite().logical_not().double()
         sums = self._layer_sums(
@@ -658,6 +681,17 @@ class NullMonitor:
 
     def close(self, timeout_s: float = 30.0) -> None:
         pass
+
+
+def _norm_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
+    """float32 norms (bf16 and fp16 tensors accumulate in it anyway); float64 for a float64
+    model, which the norm kernels refuse to narrow."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _graph_task_id() -> int:
+    """The autograd graph task this thread is running (-1 outside backward)."""
+    return torch._C._current_graph_task_id()
 
 
 def _no_wait() -> None:

@@ -75,3 +75,27 @@ def test_records_on_cuda_match_torch(model) -> None:
     assert len(out.rows("layers")) == PRESETS["small"].n_layers + 3  # + embedding, norm, head
     (run,) = out.rows("runs")
     assert run["device_type"] == "cuda"
+
+
+def test_non_finite_outputs_between_logged_steps_are_counted(model) -> None:
+    """On CUDA the per-step max-abs is one fused inf-norm over the block outputs: a NaN and
+    a -inf on unlogged steps must come through it into the logged step's record."""
+    poison = {1: float("nan"), 2: float("-inf")}
+    step_now = [0]
+
+    def poisoned(_module, _inputs, output):  # registered before attach: runs first
+        bad = poison.get(step_now[0])
+        return output if bad is None else output.index_fill(-1, output.new_tensor([0]).long(), bad)
+
+    model.layers[0].register_forward_hook(poisoned)
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e15, log_every=4)
+    index = monitor.layers.names.index("layers.0")
+    for step in range(5):
+        step_now[0] = step
+        _step(model, monitor)
+        model.zero_grad(set_to_none=True)
+    monitor.close()
+    (row,) = [r for r in out.rows("layers") if r["step"] == 4 and r["layer"] == index]
+    assert row["act_nonfinite_steps"] == 2
+    assert row["act_max_abs"] == "NaN"  # the max of steps 1 to 4; JSON has no NaN literal

@@ -181,3 +181,74 @@ def test_a_compiled_model_is_watched_through_its_original() -> None:
 def test_a_model_without_parameters_is_refused_at_attach() -> None:
     with pytest.raises(ValueError, match="no parameters to monitor"):
         attach(nn.ReLU(), exporter=InMemoryExporter())
+
+
+def test_a_float64_model_is_measured_in_float64() -> None:
+    """The norm kernels refuse to narrow float64 to float32: a logged step raised."""
+    torch.manual_seed(0)
+    model, out, monitor = _watched(_Model().double())
+    ids = _ids()
+    loss = nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+    loss.backward()
+    monitor.step(loss=loss, tokens=12)
+    monitor.close()
+    head = next(r for r in out.rows("layers") if r["layer"] == 3)
+    assert head["grad_norm"] == pytest.approx(
+        torch.cat([p.grad.flatten() for p in model.head.parameters()]).norm().item(), rel=1e-12
+    )
+    assert head["act_rms"] == pytest.approx(model(ids).pow(2).mean().sqrt().item(), rel=1e-12)
+
+
+class _Blocks(nn.Module):
+    """Three blocks, run under activation checkpointing (reentrant or not) or not."""
+
+    def __init__(self, reentrant: bool | None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3))
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.reentrant is None:
+                x = layer(x)
+            else:
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=self.reentrant)
+        return x
+
+
+def _blocks_run(reentrant: bool | None, outputs: list) -> list[dict]:
+    """Three logged steps of _Blocks; every block output's shape appended to `outputs`."""
+    torch.manual_seed(0)
+    model, out, monitor = _watched(_Blocks(reentrant))
+    for layer in model.layers:
+        layer.register_forward_hook(lambda _m, _i, o: outputs.append(o.shape))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        loss = model(x.requires_grad_()).square().mean()  # reentrant checkpoints need one
+        loss.backward()
+        # The monitor holds a forward's outputs (as detached aliases of their storage)
+        # until the forward returns, and recomputed ones not at all: none past backward.
+        assert monitor._pending == []
+        monitor.step(loss=torch.tensor(0.0), tokens=4)
+        opt.step()
+        opt.zero_grad()
+    monitor.close()
+    return out.rows("layers")
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_checkpointed_blocks_are_read_once_and_not_held(reentrant) -> None:
+    """Recomputation inside backward is not counted again, and no block output, forward or
+    recomputed, is kept alive past the backward by the monitor."""
+    plain_outputs, checkpointed_outputs = [], []
+    plain = _blocks_run(None, plain_outputs)
+    # Without early stop the recomputation runs each block to its end, and so its hooks.
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        checkpointed = _blocks_run(reentrant, checkpointed_outputs)
+    assert len(checkpointed_outputs) == 2 * len(plain_outputs)  # the recomputation ran
+    assert len(plain) == len(checkpointed) == 9
+    for a, b in zip(plain, checkpointed, strict=True):
+        for key in ("act_rms", "act_max_abs", "act_nonfinite_count", "grad_norm", "update_rms"):
+            expected = a[key] if a[key] is None else pytest.approx(a[key], rel=1e-6)
+            assert b[key] == expected, (key, a, b)  # None: no update before the first step
