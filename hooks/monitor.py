@@ -221,8 +221,10 @@ class Monitor:
         self.comms.arm(self._active)
         self._reset_accumulators()
         # Block outputs of the running forward: (layer, local shard, replication weight on a
-        # logged step). Read together, with one fused kernel, when the forward returns.
-        self._pending: list[tuple[int, torch.Tensor, float]] = []
+        # logged step, version). Read together, with one fused kernel, when the forward returns.
+        # (the tensor's version counter then: an in-place change since would show).
+        self._pending: list[tuple[int, torch.Tensor, float, int]] = []
+        self._changed_warned = False
         # Block-output max-abs: this step's, by layer; then every step's since the last fold.
         self._step_max: dict[int, torch.Tensor] = {}
         self._maxima: list[torch.Tensor] = []
@@ -341,7 +343,7 @@ class Monitor:
             out = first_float_tensor(output)
             if out is None:
                 return  # no floating-point output (token ids, a router's indices)
-            shard = arrived(out).detach()
+            shard = arrived(out)  # read under no_grad: nothing for autograd to record
             if shard.numel() == 0:
                 return
             weight = 0.0
@@ -351,11 +353,11 @@ class Monitor:
                 # Recomputed inside backward (activation checkpointing; a reentrant
                 # checkpoint's forward ran without grad, unseen): read at once, as holding
                 # it would keep it alive through the rest of the backward.
-                self._read([(index, shard, weight)])
+                self._read([(index, shard, weight, shard._version)])
                 return
             # Held until the forward returns, when autograd still holds these outputs for
             # the backward anyway: no memory is kept alive that would not be.
-            self._pending.append((index, shard, weight))
+            self._pending.append((index, shard, weight, shard._version))
 
         return hook
 
@@ -366,24 +368,41 @@ class Monitor:
             self._read(pending)
 
     @torch.no_grad()
-    def _read(self, pending: list[tuple[int, torch.Tensor, float]]) -> None:
+    def _read(self, pending: list[tuple[int, torch.Tensor, float, int]]) -> None:
         """Every output's max-abs, one read of each in one fused kernel (one per dtype),
         waiting on the device for the next fold; on a logged step also their L2 norms
         (fused too) and exact non-finite counts."""
-        shards = [shard for _, shard, _ in pending]
+        shards = [shard for _, shard, *_ in pending]
+        self._warn_if_changed(pending)
         # The inf-norm is the max-abs, and NaN propagates through it (`max_propagate_nan`).
-        max_abs = torch._foreach_norm(shards, math.inf)
+        max_abs = _fused_norms(shards, math.inf)
         for (index, *_), value in zip(pending, max_abs, strict=True):
             seen = self._step_max.get(index)  # run again: micro-batches of the step
             self._step_max[index] = value if seen is None else torch.maximum(seen, value)
         if not self._active:
             return
-        norms = torch._foreach_norm(shards, 2, dtype=_norm_dtype(shards))
-        for (index, shard, weight), norm in zip(pending, norms, strict=True):
+        norms = _fused_norms(shards, 2, dtype=_norm_dtype(shards))
+        for (index, shard, weight, _), norm in zip(pending, norms, strict=True):
             # x - x is 0 for a finite x and NaN for NaN or inf: two passes, where isfinite
             # takes five.
             nonfinite = torch.count_nonzero(shard - shard)
             self._act_logged.append((index, weight, shard.numel(), norm, nonfinite))
+
+    def _warn_if_changed(self, pending: list[tuple[int, torch.Tensor, float, int]]) -> None:
+        """Once per run: a layer output changed in place between its layer's return and the
+        read (rare: autograd refuses it for outputs the next layer saved for backward)."""
+        if self._changed_warned:
+            return
+        for index, shard, _, version in pending:
+            if shard._version != version:
+                self._changed_warned = True
+                log.warning(
+                    "trainvitals: the output of layer %r was changed in place before the "
+                    "model's forward returned; its activation statistics describe the "
+                    "changed tensor",
+                    self.layers.names[index],
+                )
+                return
 
     def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """Host numbers to the device without waiting: on CUDA through pinned memory, copied
@@ -681,6 +700,25 @@ class NullMonitor:
 
     def close(self, timeout_s: float = 30.0) -> None:
         pass
+
+
+def _fused_norms(
+    tensors: list[torch.Tensor], ord: float, dtype: torch.dtype | None = None
+) -> list[torch.Tensor]:
+    """torch._foreach_norm, in input order, called once per dtype: its fused CUDA kernel
+    takes tensors of one dtype only (a model under autocast has float32 block outputs and
+    a bfloat16 head), and falls back to one kernel per tensor otherwise."""
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    if len(groups) == 1:
+        return list(torch._foreach_norm(tensors, ord, dtype=dtype))
+    norms: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    for positions in groups.values():
+        group = torch._foreach_norm([tensors[i] for i in positions], ord, dtype=dtype)
+        for i, norm in zip(positions, group, strict=True):
+            norms[i] = norm
+    return norms
 
 
 def _norm_dtype(tensors: list[torch.Tensor]) -> torch.dtype:

@@ -252,3 +252,31 @@ def test_checkpointed_blocks_are_read_once_and_not_held(reentrant) -> None:
         for key in ("act_rms", "act_max_abs", "act_nonfinite_count", "grad_norm", "update_rms"):
             expected = a[key] if a[key] is None else pytest.approx(a[key], rel=1e-6)
             assert b[key] == expected, (key, a, b)  # None: no update before the first step
+
+
+class _ScaledInPlace(nn.Module):
+    """Scales a layer's output in place after the layer returned (autograd allows it here:
+    nothing saved that output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.second = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.first(x)
+        h.mul_(3.0)
+        return self.second(h)
+
+
+def test_a_layer_output_changed_in_place_is_warned_about_once(caplog) -> None:
+    model, out, monitor = _watched(_ScaledInPlace())
+    for _ in range(2):
+        x = torch.randn(4, 8)
+        loss = model(x).square().mean()
+        loss.backward()
+        monitor.step(loss=loss, tokens=4)
+    monitor.close()
+    warned = [r for r in caplog.records if "changed in place" in r.getMessage()]
+    assert len(warned) == 1 and "'first'" in warned[0].getMessage()
+    assert len(out.rows("layers")) == 4  # the run goes on, every step recorded
