@@ -220,9 +220,9 @@ class Monitor:
         self._active = cfg.first_step % cfg.log_every == 0  # is this step a logged one?
         self.comms.arm(self._active)
         self._reset_accumulators()
-        # Block outputs of the running forward: (layer, local shard, replication weight on a
-        # logged step, version). Read together, with one fused kernel, when the forward returns.
-        # (the tensor's version counter then: an in-place change since would show).
+        # Block outputs of the running forward, read together when it returns: (layer, local
+        # shard, replication weight on a logged step, the shard's version counter, which an
+        # in-place change before the read would move).
         self._pending: list[tuple[int, torch.Tensor, float, int]] = []
         self._changed_warned = False
         # Block-output max-abs: this step's, by layer; then every step's since the last fold.
