@@ -373,10 +373,11 @@ class Monitor:
         waiting on the device for the next fold; on a logged step also their L2 norms
         (fused too) and exact non-finite counts."""
         shards = [shard for _, shard, *_ in pending]
-        self._warn_if_changed(pending)
         # The inf-norm is the max-abs, and NaN propagates through it (`max_propagate_nan`).
         max_abs = _fused_norms(shards, math.inf)
-        for (index, *_), value in zip(pending, max_abs, strict=True):
+        for (index, shard, _, version), value in zip(pending, max_abs, strict=True):
+            if shard._version != version:
+                self._warn_changed(index)
             seen = self._step_max.get(index)  # run again: micro-batches of the step
             self._step_max[index] = value if seen is None else torch.maximum(seen, value)
         if not self._active:
@@ -388,21 +389,16 @@ class Monitor:
             nonfinite = torch.count_nonzero(shard - shard)
             self._act_logged.append((index, weight, shard.numel(), norm, nonfinite))
 
-    def _warn_if_changed(self, pending: list[tuple[int, torch.Tensor, float, int]]) -> None:
+    def _warn_changed(self, index: int) -> None:
         """Once per run: a layer output changed in place between its layer's return and the
         read (rare: autograd refuses it for outputs the next layer saved for backward)."""
-        if self._changed_warned:
-            return
-        for index, shard, _, version in pending:
-            if shard._version != version:
-                self._changed_warned = True
-                log.warning(
-                    "trainvitals: the output of layer %r was changed in place before the "
-                    "model's forward returned; its activation statistics describe the "
-                    "changed tensor",
-                    self.layers.names[index],
-                )
-                return
+        if not self._changed_warned:
+            self._changed_warned = True
+            log.warning(
+                "trainvitals: the output of layer %r was changed in place before the model's "
+                "forward returned; its activation statistics describe the changed tensor",
+                self.layers.names[index],
+            )
 
     def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """Host numbers to the device without waiting: on CUDA through pinned memory, copied
@@ -456,8 +452,7 @@ class Monitor:
             # In place: the snapshot becomes minus the update (same norm); no second copy.
             torch._foreach_sub_(update, shards)
         tensors = grads + shards + update
-        norms = torch._foreach_norm(tensors, 2, dtype=_norm_dtype(tensors))
-        norms = torch.stack(norms).double()
+        norms = torch.stack(_fused_norms(tensors, 2, dtype=_norm_dtype(tensors))).double()
         bad = norms[: len(have)].isfinite().logical_not().double()
         sums = self._layer_sums(
             ("params", have, len(update)),
@@ -713,7 +708,7 @@ def _fused_norms(
         groups.setdefault(t.dtype, []).append(i)
     if len(groups) == 1:
         return list(torch._foreach_norm(tensors, ord, dtype=dtype))
-    norms: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    norms: list = [None] * len(tensors)
     for positions in groups.values():
         group = torch._foreach_norm([tensors[i] for i in positions], ord, dtype=dtype)
         for i, norm in zip(positions, group, strict=True):
