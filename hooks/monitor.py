@@ -94,6 +94,10 @@ class MonitorConfig:
     canary_dtype: str = ""  # "": bfloat16 on CUDA, float32 elsewhere (the usual training dtype)
     power_interval_s: float = 0.1  # power sampling period; 0: no power sampling
     first_step: int = 0  # a resumed run counts on from where its checkpoint left off
+    # Steps the run trains for, counted from 0 like first_step (None: not known). Its last
+    # step is then logged whatever the interval, so that the maxima and non-finite counts of
+    # the steps after the last interval reach the collector too.
+    total_steps: int | None = None
     # Time NCCL collectives with CUDA events (one pair per collective; docs/interconnect.md).
     # None: only if TORCH_NCCL_ENABLE_TIMING=1 is set.
     time_collectives: bool | None = None
@@ -115,6 +119,8 @@ class MonitorConfig:
             )
         if self.first_step < 0:
             raise ValueError(f"MonitorConfig.first_step must be >= 0, got {self.first_step}")
+        if self.total_steps is not None and self.total_steps < 1:
+            raise ValueError(f"MonitorConfig.total_steps must be >= 1, got {self.total_steps}")
         if self.canary_every < 0 or self.power_interval_s < 0:
             raise ValueError("MonitorConfig.canary_every and power_interval_s must be >= 0")
         if self.canary_dtype not in ("", "float32", "bfloat16", "float16"):
@@ -217,7 +223,7 @@ class Monitor:
         self.canary = Canary(self.device, getattr(torch, canary_dtype))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.power = PowerSampler(self.device, local_rank, cfg.power_interval_s or None)
-        self._active = cfg.first_step % cfg.log_every == 0  # is this step a logged one?
+        self._active = self._logged(cfg.first_step)  # is this step a logged one?
         self.comms.arm(self._active)
         self._reset_accumulators()
         # Block outputs of the running forward, read together when it returns: (layer, local
@@ -509,7 +515,7 @@ class Monitor:
             self._launch(loss, tokens, lr, timing)
             self._reset_accumulators()  # after _launch copied them into its vector
         self.step_count += 1
-        self._active = self.step_count % self.cfg.log_every == 0
+        self._active = self._logged(self.step_count)
         self.comms.arm(self._active)
         if self._active:
             # The optimizer step that follows changes the parameters; the next (logged) step
@@ -518,6 +524,10 @@ class Monitor:
             # x * 1 is exact: one fused copy of every shard.
             with torch.no_grad():
                 self._snapshot = list(torch._foreach_mul([local(p) for p in self.params], 1.0))
+
+    def _logged(self, step: int) -> bool:
+        """Every log_every-th step, and the run's last one when total_steps is known."""
+        return step % self.cfg.log_every == 0 or step == (self.cfg.total_steps or 0) - 1
 
     def _loss_scalar(self, loss: torch.Tensor | float) -> torch.Tensor:
         """The step's loss as a 0-d device tensor, without reading it."""
@@ -669,9 +679,13 @@ class Monitor:
         for h in self._handles:
             h.remove()
         if self.rank == 0:  # a clean end: alerting tells a finished run from a stalled one
-            self.event(
-                "run_end", self.step_count, detail={"telemetry_dropped": self.telemetry_dropped}
-            )
+            detail = {
+                "telemetry_dropped": self.telemetry_dropped,
+                # Steps after the last logged one: their maxima and non-finite counts never
+                # left the device (total_steps makes the last step a logged one).
+                "unlogged_tail_steps": self.step_count - 1 - self._last_logged,
+            }
+            self.event("run_end", self.step_count, detail=detail)
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
         if self._thread.is_alive():

@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             exporter=make_exporter(cfg, rank),
             run_id=resumed.run_id if resumed else cfg.run_id,
             first_step=first_step,
+            total_steps=cfg.steps,
             log_every=cfg.log_every,
             model_name=f"llama-{cfg.preset}",
             model_config={**model_cfg.to_dict(), "seq_len": seq_len},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -124,6 +125,41 @@ def test_maxima_and_nonfinite_counts_accumulate_between_logged_steps(model) -> N
     assert layer0[8]["act_nonfinite_count"] == 0  # the values of step 8 itself are finite
 
 
+@pytest.mark.parametrize("total_steps", [11, None])
+def test_the_steps_after_the_last_interval_are_logged_when_total_steps_is_known(
+    model, total_steps
+) -> None:
+    """11 steps, logged every 4: a NaN output at step 9 lies after the last interval. With
+    total_steps the last step (10) is logged and carries it; without, run_end counts the
+    two steps that were not exported."""
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=4, total_steps=total_steps)
+    step = {"n": 0}
+
+    def poison(_m, _i, output):
+        return output.clone().fill_(float("nan")) if step["n"] == 9 else output
+
+    model.layers[0].register_forward_hook(poison, prepend=True)
+    x = torch.randint(0, 256, (2, 16))
+    for n in range(11):
+        step["n"] = n
+        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        monitor.step(loss=torch.tensor(1.0), tokens=32)
+        model.zero_grad()
+    monitor.close()
+    steps = {r["step"]: r for r in out.rows("steps")}
+    (end,) = out.rows("events")
+    tail = json.loads(end["detail"])["unlogged_tail_steps"]
+    if total_steps is None:
+        assert sorted(steps) == [0, 4, 8] and tail == 2
+        return
+    assert sorted(steps) == [0, 4, 8, 10] and tail == 0
+    assert steps[8]["nonfinite_steps"] == 0 and steps[10]["nonfinite_steps"] == 1
+    layer0 = {r["step"]: r for r in out.rows("layers") if r["layer"] == 1}
+    assert layer0[10]["act_nonfinite_steps"] == 1 and layer0[10]["act_max_abs"] == "NaN"
+    assert layer0[10]["act_nonfinite_count"] == 0  # step 10's own outputs are finite
+
+
 def test_long_interval_and_micro_batches_keep_every_maximum(model) -> None:
     """Over an interval longer than a fold (FOLD_STEPS) and with two forwards per step, the
     logged step still sees the largest output of any micro-batch and every bad step."""
@@ -213,6 +249,8 @@ def test_data_time_is_the_wait_before_forward(model) -> None:
 def test_bad_config_is_refused(model) -> None:
     with pytest.raises(ValueError, match="log_every"):
         attach(model, log_every=0)
+    with pytest.raises(ValueError, match="total_steps must be >= 1, got 0"):
+        attach(model, total_steps=0)
     with pytest.raises(ValueError, match="run_id 'my run/3' is not valid"):
         attach(model, run_id="my run/3")  # at attach, not as rejected batches later
 
