@@ -7,6 +7,10 @@ vocabulary and the head column-sharded, both returning replicated activations. T
 weights are replicated DTensors on the tp mesh, so that every parameter lives on the same
 2-D mesh once FSDP shards it over dp: gradient clipping and the hooks then see one kind of
 parameter. FSDP2 (`fully_shard`) wraps each block and the root.
+
+With tp = 1 tensor parallelism is left out, as torchtitan does: a one-wide tp mesh splits
+nothing, and routing every op of the model through DTensor's dispatch multiplied the host
+time of a step (the whole step on a GPU when the host sets the pace).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -73,18 +77,25 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
     _replicate_norm(model.norm, tp_mesh)
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh) -> None:
+def apply_fsdp(
+    model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None = None
+) -> None:
+    policy = mp_policy or MixedPrecisionPolicy()
     for block in model.layers:
-        fully_shard(block, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
 
 
-def parallelize(model: Transformer, mesh: DeviceMesh) -> Transformer:
+def parallelize(
+    model: Transformer, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy | None = None
+) -> Transformer:
     """Shard `model` in place over `mesh` (dims named 'dp' and 'tp'); returns it.
 
     Every rank must pass a model with identical weights (same seed): tensor parallelism
-    slices the local full tensors rather than broadcasting them.
+    slices the local full tensors rather than broadcasting them. `mp_policy`: FSDP's
+    mixed-precision policy (default: none).
     """
-    apply_tensor_parallel(model, mesh["tp"])
-    apply_fsdp(model, mesh["dp"])
+    if mesh["tp"].size() > 1:
+        apply_tensor_parallel(model, mesh["tp"])
+    apply_fsdp(model, mesh["dp"], mp_policy)
     return model

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from trainvitals.hooks.comms import CommsMeter
 from trainvitals.trainer.model import PRESETS, Transformer
-from trainvitals.trainer.parallel import apply_tensor_parallel, build_mesh, parallelize
+from trainvitals.trainer.parallel import build_mesh, parallelize
 
 GLOBAL_BATCH, SEQ, STEPS = 4, 16, 3
 
@@ -40,10 +40,11 @@ def _reference_sumsq(
     total = torch.zeros((), dtype=torch.float64)
     for name, p in model.named_parameters():
         grad = reference.get_parameter(name).grad
-        tp_dim = p.device_mesh.mesh_dim_names.index("tp")
-        placement = p.placements[tp_dim]
-        if placement.is_shard():
-            grad = grad.chunk(p.device_mesh.size(tp_dim), placement.dim)[tp_rank]
+        names = p.device_mesh.mesh_dim_names
+        if "tp" in names:  # tensor-parallel (parallelize() leaves tp = 1 out)
+            placement = p.placements[names.index("tp")]
+            if placement.is_shard():
+                grad = grad.chunk(p.device_mesh.size(names.index("tp")), placement.dim)[tp_rank]
         if fp16_reduce:
             grad = grad.half()  # what FSDP put into the fp16 reduce-scatter
         total += grad.double().square().sum()
@@ -51,14 +52,8 @@ def _reference_sumsq(
 
 
 def _shard(model: Transformer, mesh, fp16_reduce: bool) -> None:
-    if not fp16_reduce:
-        parallelize(model, mesh)
-        return
-    apply_tensor_parallel(model, mesh["tp"])
-    policy = MixedPrecisionPolicy(reduce_dtype=torch.float16)
-    for block in model.layers:
-        fully_shard(block, mesh=mesh["dp"], mp_policy=policy)
-    fully_shard(model, mesh=mesh["dp"], mp_policy=policy)
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.float16) if fp16_reduce else None
+    parallelize(model, mesh, policy)
 
 
 def run(mesh, dp: int, fp16_reduce: bool) -> dict:
