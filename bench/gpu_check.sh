@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run on a CUDA machine: the hooks' no-sync and correctness tests on
-# CUDA, a reference-trainer run on NCCL through torchrun, and the hooks' overhead on GPU.
+# CUDA, a reference-trainer run on NCCL through torchrun, where the hooks' time goes, and
+# their overhead on GPU.
 # Usage: bash bench/gpu_check.sh OUTDIR   (the project importable, or this script makes a shim)
 set -u
 out=$(realpath -m "${1:-gpu-check}")
@@ -58,6 +59,9 @@ PY
 
 fi
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
+echo "== where the hooks' time goes, 125m: host and device time of each hook per step"
+python3 "$repo/bench/hook_breakdown.py" --preset 125m --batch 16 2>&1 | grep -v Warning \
+    | tee "$out/breakdown_125m.txt"
 echo "== hook overhead on GPU"
 # preset:batch:rounds:intervals (each run also has a plain copy and a control, see the
 # script); QUICK=1 leaves out the 1b model's every-step copy. The 1b copies (three of them,
