@@ -379,8 +379,7 @@ class Monitor:
         waiting on the device for the next fold; on a logged step also their L2 norms
         (fused too) and exact non-finite counts."""
         shards = [shard for _, shard, *_ in pending]
-        # The inf-norm is the max-abs, and NaN propagates through it (`max_propagate_nan`).
-        max_abs = _fused_norms(shards, math.inf)
+        max_abs = _max_abs(shards)
         for (index, shard, _, version), value in zip(pending, max_abs, strict=True):
             if shard._version != version:
                 self._warn_changed(index)
@@ -728,6 +727,17 @@ def _fused_norms(
         for i, norm in zip(positions, group, strict=True):
             norms[i] = norm
     return norms
+
+
+def _max_abs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's largest |value|, NaN if it holds a NaN. On CUDA the inf-norm, fused: one
+    kernel launch per dtype for every tensor, and NaN propagates through it
+    (`max_propagate_nan`). Elsewhere `aminmax`, one read each: the CPU inf-norm kernel is
+    about ten times slower (bench/results/hook_breakdown_cpu.txt)."""
+    if tensors[0].device.type == "cuda":
+        return _fused_norms(tensors, math.inf)
+    extremes = [torch.aminmax(t) for t in tensors]  # NaN propagates through both ends
+    return [torch.maximum(high, low.neg()) for low, high in extremes]
 
 
 def _norm_dtype(tensors: list[torch.Tensor]) -> torch.dtype:

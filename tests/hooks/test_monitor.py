@@ -125,6 +125,33 @@ def test_maxima_and_nonfinite_counts_accumulate_between_logged_steps(model) -> N
     assert layer0[8]["act_nonfinite_count"] == 0  # the values of step 8 itself are finite
 
 
+def test_a_minus_inf_output_between_logged_steps_is_its_largest_magnitude(model) -> None:
+    """One -inf on an unlogged step: the max-abs of the interval is +inf, and the step
+    is counted (the CUDA path, a fused inf-norm, is in test_gpu.py)."""
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=4)
+    step = {"n": 0}
+
+    def poison(_m, _i, output):
+        if step["n"] != 1:
+            return output
+        output = output.clone()
+        output[1, 2, 3] = float("-inf")
+        return output
+
+    model.layers[0].register_forward_hook(poison, prepend=True)
+    x = torch.randint(0, 256, (2, 16))
+    for n in range(5):
+        step["n"] = n
+        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        monitor.step(loss=torch.tensor(1.0), tokens=32)
+        model.zero_grad()
+    monitor.close()
+    layer0 = {r["step"]: r for r in out.rows("layers") if r["layer"] == 1}
+    assert layer0[4]["act_max_abs"] == "Infinity" and layer0[4]["act_nonfinite_steps"] == 1
+    assert layer0[0]["act_nonfinite_steps"] == 0 and 0 < layer0[0]["act_max_abs"] < 100
+
+
 @pytest.mark.parametrize("total_steps", [11, None])
 def test_the_steps_after_the_last_interval_are_logged_when_total_steps_is_known(
     model, total_steps
