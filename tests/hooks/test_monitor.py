@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -125,28 +126,33 @@ def test_maxima_and_nonfinite_counts_accumulate_between_logged_steps(model) -> N
     assert layer0[8]["act_nonfinite_count"] == 0  # the values of step 8 itself are finite
 
 
-def test_a_minus_inf_output_between_logged_steps_is_its_largest_magnitude(model) -> None:
-    """One -inf on an unlogged step: the max-abs of the interval is +inf, and the step
-    is counted (the CUDA path, a fused inf-norm, is in test_gpu.py)."""
-    out = InMemoryExporter()
-    monitor = attach(model, exporter=out, log_every=4)
+def _train_poisoned(model, monitor, steps: int, poison: Callable) -> None:
+    """Steps without an optimizer; poison(step, output) may replace the first block's output
+    before the monitor sees it. Closes the monitor."""
     step = {"n": 0}
-
-    def poison(_m, _i, output):
-        if step["n"] != 1:
-            return output
-        output = output.clone()
-        output[1, 2, 3] = float("-inf")
-        return output
-
-    model.layers[0].register_forward_hook(poison, prepend=True)
+    model.layers[0].register_forward_hook(lambda _m, _i, y: poison(step["n"], y), prepend=True)
     x = torch.randint(0, 256, (2, 16))
-    for n in range(5):
+    for n in range(steps):
         step["n"] = n
         F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
         monitor.step(loss=torch.tensor(1.0), tokens=32)
         model.zero_grad()
     monitor.close()
+
+
+def test_a_minus_inf_output_between_logged_steps_is_its_largest_magnitude(model) -> None:
+    """One -inf on an unlogged step: the max-abs of the interval is +inf, and the step
+    is counted (the CUDA path, a fused inf-norm, is in test_gpu.py)."""
+    out = InMemoryExporter()
+
+    def poison(step: int, output: torch.Tensor) -> torch.Tensor:
+        if step != 1:
+            return output
+        output = output.clone()
+        output[1, 2, 3] = float("-inf")
+        return output
+
+    _train_poisoned(model, attach(model, exporter=out, log_every=4), 5, poison)
     layer0 = {r["step"]: r for r in out.rows("layers") if r["layer"] == 1}
     assert layer0[4]["act_max_abs"] == "Infinity" and layer0[4]["act_nonfinite_steps"] == 1
     assert layer0[0]["act_nonfinite_steps"] == 0 and 0 < layer0[0]["act_max_abs"] < 100
@@ -161,19 +167,9 @@ def test_the_steps_after_the_last_interval_are_logged_when_total_steps_is_known(
     two steps that were not exported."""
     out = InMemoryExporter()
     monitor = attach(model, exporter=out, log_every=4, total_steps=total_steps)
-    step = {"n": 0}
-
-    def poison(_m, _i, output):
-        return output.clone().fill_(float("nan")) if step["n"] == 9 else output
-
-    model.layers[0].register_forward_hook(poison, prepend=True)
-    x = torch.randint(0, 256, (2, 16))
-    for n in range(11):
-        step["n"] = n
-        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
-        monitor.step(loss=torch.tensor(1.0), tokens=32)
-        model.zero_grad()
-    monitor.close()
+    _train_poisoned(
+        model, monitor, 11, lambda step, y: y.clone().fill_(float("nan")) if step == 9 else y
+    )
     steps = {r["step"]: r for r in out.rows("steps")}
     (end,) = out.rows("events")
     tail = json.loads(end["detail"])["unlogged_tail_steps"]
