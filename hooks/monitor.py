@@ -231,6 +231,7 @@ class Monitor:
         # in-place change before the read would move).
         self._pending: list[tuple[int, torch.Tensor, float, int]] = []
         self._changed_warned = False
+        self._forward_seen: set[int] = set()  # layers whose output this step's forward read
         # Block-output max-abs: this step's, by layer; then every step's since the last fold.
         self._step_max: dict[int, torch.Tensor] = {}
         self._maxima: list[torch.Tensor] = []
@@ -327,6 +328,7 @@ class Monitor:
         self._maxima.extend(self._step_max.get(i, zero) for i in range(len(self.layers.names)))
         self._maxima.append(loss)  # only its finiteness is read
         self._step_max = {}
+        self._forward_seen.clear()
         if self._active or len(self._maxima) >= FOLD_STEPS * (len(self.layers.names) + 1):
             self._fold_maxima()
 
@@ -356,11 +358,14 @@ class Monitor:
             if self._active:
                 weight = replication_weight(out) if isinstance(out, DTensor) else self._plain_weight
             if _graph_task_id() != -1:
-                # Recomputed inside backward (activation checkpointing; a reentrant
-                # checkpoint's forward ran without grad, unseen): read at once, as holding
-                # it would keep it alive through the rest of the backward.
-                self._read([(index, shard, weight, shard._version)])
+                # Recomputed inside backward (activation checkpointing): read at once, as
+                # holding it would keep it alive through the rest of the backward. Its sums
+                # count only if the forward did not see the layer: a reentrant checkpoint
+                # runs its forward without grad, unseen; a non-reentrant one ran it in full.
+                recount = index not in self._forward_seen
+                self._read([(index, shard, weight, shard._version)], record=recount)
                 return
+            self._forward_seen.add(index)
             # Held until the forward returns, when autograd still holds these outputs for
             # the backward anyway: no memory is kept alive that would not be.
             self._pending.append((index, shard, weight, shard._version))
@@ -374,10 +379,12 @@ class Monitor:
             self._read(pending)
 
     @torch.no_grad()
-    def _read(self, pending: list[tuple[int, torch.Tensor, float, int]]) -> None:
+    def _read(
+        self, pending: list[tuple[int, torch.Tensor, float, int]], record: bool = True
+    ) -> None:
         """Every output's max-abs, one read of each in one fused kernel (one per dtype),
-        waiting on the device for the next fold; on a logged step also their L2 norms
-        (fused too) and exact non-finite counts."""
+        waiting on the device for the next fold; on a logged step also, if `record`, their
+        L2 norms (fused too) and exact non-finite counts."""
         shards = [shard for _, shard, *_ in pending]
         max_abs = _max_abs(shards)
         for (index, shard, _, version), value in zip(pending, max_abs, strict=True):
@@ -385,7 +392,7 @@ class Monitor:
                 self._warn_changed(index)
             seen = self._step_max.get(index)  # run again: micro-batches of the step
             self._step_max[index] = value if seen is None else torch.maximum(seen, value)
-        if not self._active:
+        if not (self._active and record):
             return
         norms = _fused_norms(shards, 2, dtype=_norm_dtype(shards))
         for (index, shard, weight, _), norm in zip(pending, norms, strict=True):
