@@ -284,3 +284,22 @@ def test_a_layer_output_changed_in_place_is_warned_about_once(caplog) -> None:
     warned = [r for r in caplog.records if "changed in place" in r.getMessage()]
     assert len(warned) == 1 and "'first'" in warned[0].getMessage()
     assert len(out.rows("layers")) == 4  # the run goes on, every step recorded
+
+
+def test_a_head_tied_to_the_embedding_is_measured_once() -> None:
+    """A weight two layers share (GPT-2's head and embedding) counts once: in the global
+    gradient norm, and in the last layer that holds it; the other reports zero."""
+    torch.manual_seed(0)
+    model = _Model()
+    model.head.weight = model.embed.weight  # (16, 8) both
+    model, out, monitor = _watched(model)
+    _loss(model, _ids()).backward()
+    monitor.step(loss=torch.tensor(1.0), tokens=12)
+    expected = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item()
+    monitor.close()
+    assert out.rows("steps")[0]["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    names = orjson.loads(out.rows("runs")[0]["layer_names_json"])
+    layers = {names[r["layer"]]: r for r in out.rows("layers")}
+    head_grad = torch.cat([model.embed.weight.grad.flatten(), model.head.bias.grad])
+    assert layers["head"]["grad_norm"] == pytest.approx(head_grad.norm().item(), rel=1e-6)
+    assert layers["embed"]["grad_norm"] == 0 and layers["embed"]["param_norm"] == 0
