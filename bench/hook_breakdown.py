@@ -15,6 +15,10 @@ point is wrapped and timed:
     python bench/hook_breakdown.py                                   # CPU, tiny model
     python bench/hook_breakdown.py --preset 125m --batch 16          # one GPU
 
+Not in the table: what the monitor's background threads (export, power sampling) cost the
+training thread by holding the GIL, and the module's forward-hook dispatch around each
+layer hook. bench/hook_overhead.py measures those with the rest.
+
 Prints a table per step kind (unlogged, logged) and, on its last line, the hooks' host and
 device time per step at the default interval.
 """
