@@ -56,11 +56,13 @@ from .layers import (
     plain_activation_weight,
     replication_weight,
 )
+from .norms import fused_norms, max_abs, norm_dtype
 from .power import PowerSampler
 from .records import RANK_SLOT, SAMPLED_FIELDS, StepMeta, VectorLayout, append_step
 from .replica import ReplicaFingerprint
 from .spool import default_spool_dir
 from .timing import StepTimer
+from .update import UpdateMeter
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +208,7 @@ class Monitor:
         self._param_weight = [replication_weight(p, self.world_size) for p in self.params]
         self._plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
         self._constants: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # _layer_sums
-        self._snapshot: list[torch.Tensor] | None = None
+        self.update = UpdateMeter(self.params)  # the optimizer step before a logged step
         # Block outputs of a logged step: (layer, weight, elements, L2 norm, non-finite count)
         self._act_logged: list[tuple[int, float, int, torch.Tensor, torch.Tensor]] = []
         self.replica = ReplicaFingerprint(self.params, mesh, self.world_size)
@@ -386,15 +388,14 @@ class Monitor:
         waiting on the device for the next fold; on a logged step also, if `record`, their
         L2 norms (fused too) and exact non-finite counts."""
         shards = [shard for _, shard, *_ in pending]
-        max_abs = _max_abs(shards)
-        for (index, shard, _, version), value in zip(pending, max_abs, strict=True):
+        for (index, shard, _, version), value in zip(pending, max_abs(shards), strict=True):
             if shard._version != version:
                 self._warn_changed(index)
             seen = self._step_max.get(index)  # run again: micro-batches of the step
             self._step_max[index] = value if seen is None else torch.maximum(seen, value)
         if not (self._active and record):
             return
-        norms = _fused_norms(shards, 2, dtype=_norm_dtype(shards))
+        norms = fused_norms(shards, 2, dtype=norm_dtype(shards))
         for (index, shard, weight, _), norm in zip(pending, norms, strict=True):
             # x - x is 0 for a finite x and NaN for NaN or inf: two passes, where isfinite
             # takes five.
@@ -450,21 +451,19 @@ class Monitor:
     @torch.no_grad()  # parameter shards may require grad; nothing here is for autograd
     def _param_stats(self) -> tuple[torch.Tensor, ...]:
         """Per-layer sums of squares of the gradients, the parameters and their change by the
-        previous optimizer step (NaN without a snapshot before it), and per layer how many
+        previous optimizer step (NaN when it was not measured), and per layer how many
         gradient tensors hold a NaN or inf; all local shards, replication-weighted so that
-        the sum over ranks counts every element once. One fused norm over every tensor.
+        the sum over ranks counts every element once. One fused norm over the gradients and
+        parameters (the change's norms were taken when the optimizer stepped).
 
         Non-finite gradients are read off their norms at no extra cost (an exact count of
         values would read every gradient five more times)."""
         have = tuple(i for i, p in enumerate(self.params) if p.grad is not None)
         grads = [dense_values(local(self.params[i].grad)) for i in have]
         shards = [local(p) for p in self.params]
-        update, self._snapshot = self._snapshot or [], None
-        if update:
-            # In place: the snapshot becomes minus the update (same norm); no second copy.
-            torch._foreach_sub_(update, shards)
-        tensors = grads + shards + update
-        norms = torch.stack(_fused_norms(tensors, 2, dtype=_norm_dtype(tensors))).double()
+        update = self.update.take() or []
+        tensors = grads + shards
+        norms = torch.stack(fused_norms(tensors, 2, dtype=norm_dtype(tensors)) + update).double()
         bad = norms[: len(have)].isfinite().logical_not().double()
         sums = self._layer_sums(
             ("params", have, len(update)),
@@ -524,12 +523,9 @@ class Monitor:
         self._active = self._logged(self.step_count)
         self.comms.arm(self._active)
         if self._active:
-            # The optimizer step that follows changes the parameters; the next (logged) step
-            # measures that change against this copy. Costs one copy of the local shards,
-            # held for one step, before logged steps only.
-            # x * 1 is exact: one fused copy of every shard.
-            with torch.no_grad():
-                self._snapshot = list(torch._foreach_mul([local(p) for p in self.params], 1.0))
+            # The optimizer step that follows changes the parameters: the next (logged) step
+            # reports that change (update.py).
+            self.update.arm()
 
     def _logged(self, step: int) -> bool:
         """Every log_every-th step, and the run's last one when total_steps is known."""
@@ -681,6 +677,7 @@ class Monitor:
         """Flush what is pending and stop the background threads. Call on every rank."""
         self.power.close()
         self.timer.close()
+        self.update.close()
         self.comms.close()
         for h in self._handles:
             h.remove()
@@ -715,42 +712,6 @@ class NullMonitor:
 
     def close(self, timeout_s: float = 30.0) -> None:
         pass
-
-
-def _fused_norms(
-    tensors: list[torch.Tensor], ord: float, dtype: torch.dtype | None = None
-) -> list[torch.Tensor]:
-    """torch._foreach_norm, in input order, called once per dtype: its fused CUDA kernel
-    takes tensors of one dtype only (a model under autocast has float32 block outputs and
-    a bfloat16 head), and falls back to one kernel per tensor otherwise."""
-    groups: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault(t.dtype, []).append(i)
-    if len(groups) == 1:
-        return list(torch._foreach_norm(tensors, ord, dtype=dtype))
-    norms: list = [None] * len(tensors)
-    for positions in groups.values():
-        group = torch._foreach_norm([tensors[i] for i in positions], ord, dtype=dtype)
-        for i, norm in zip(positions, group, strict=True):
-            norms[i] = norm
-    return norms
-
-
-def _max_abs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor's largest |value|, NaN if it holds a NaN. On CUDA the inf-norm, fused: one
-    kernel launch per dtype for every tensor, and NaN propagates through it
-    (`max_propagate_nan`). Elsewhere `aminmax`, one read each: the CPU inf-norm kernel is
-    about ten times slower (bench/results/hook_breakdown_cpu.txt)."""
-    if tensors[0].device.type == "cuda":
-        return _fused_norms(tensors, math.inf)
-    extremes = [torch.aminmax(t) for t in tensors]  # NaN propagates through both ends
-    return [torch.maximum(high, low.neg()) for low, high in extremes]
-
-
-def _norm_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
-    """float32 norms (bf16 and fp16 tensors accumulate in it anyway); float64 for a float64
-    model, which the norm kernels refuse to narrow."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _graph_task_id() -> int:
