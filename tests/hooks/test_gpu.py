@@ -99,3 +99,23 @@ def test_non_finite_outputs_between_logged_steps_are_counted(model) -> None:
     (row,) = [r for r in out.rows("layers") if r["step"] == 4 and r["layer"] == index]
     assert row["act_nonfinite_steps"] == 2
     assert row["act_max_abs"] == "NaN"  # the max of steps 1 to 4; JSON has no NaN literal
+
+
+def test_a_logged_steps_forward_and_backward_hold_no_parameter_copy(model) -> None:
+    """The copy behind update RMS lives only while the optimizer steps: the forward and
+    backward of a logged step peak no higher than an unlogged step's, give or take much
+    less than one copy of the parameters."""
+    monitor = attach(model, exporter=InMemoryExporter(), peak_flops_per_s=1e15, log_every=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    peaks = {}
+    for step in range(4):  # 0 and 2 are logged; AdamW's state exists from step 1 on
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        _step(model, monitor)
+        torch.cuda.synchronize()
+        peaks[step] = torch.cuda.max_memory_allocated()  # what is held counts too
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    monitor.close()
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert peaks[2] - peaks[3] < param_bytes / 2, (peaks, param_bytes)
