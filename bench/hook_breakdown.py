@@ -6,7 +6,7 @@ adds it, and whether it is host work (Python, op dispatch, kernel launches) or d
 whose device sets the pace pays the second.
 
 One process, the reference model with a monitor at the default interval. Each hook entry
-point is wrapped and timed:
+point (layer hooks, model hook, `monitor.step()`, optimizer hooks) is wrapped and timed:
 - host: wall time of the call (`time.perf_counter`), the device never waited for;
 - device (CUDA only, a second pass): CUDA events around the call, with the device kept busy
   by a `torch.cuda._sleep` kernel queued just before, so that the events measure the
@@ -34,7 +34,7 @@ import torch
 from hook_overhead import DEFAULT_EVERY, Trainee  # bench/ is on sys.path when run as a script
 
 from trainvitals.hooks import monitor as monitor_module
-from trainvitals.hooks import timing
+from trainvitals.hooks import timing, update
 from trainvitals.trainer.model import PRESETS
 
 # The hooks' entry points: (owner class, method, label). Per-layer hooks are closures made
@@ -44,6 +44,8 @@ ENTRY_POINTS = (
     (monitor_module.Monitor, "step", "monitor.step()"),
     (timing.StepTimer, "_forward_start", "step timer, forward pre-hook"),
     (timing.StepTimer, "_optimizer_end", "step timer, optimizer post-hook"),
+    (update.UpdateMeter, "_pre_step", "update RMS, optimizer pre-hook (copy)"),
+    (update.UpdateMeter, "_post_step", "update RMS, optimizer post-hook (norms)"),
 )
 LAYER_HOOKS = "collect block outputs (layer forward hooks)"
 
