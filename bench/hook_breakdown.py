@@ -34,7 +34,12 @@ import torch
 from hook_overhead import DEFAULT_EVERY, Trainee  # bench/ is on sys.path when run as a script
 
 from trainvitals.hooks import monitor as monitor_module
-from trainvitals.hooks import timing, update
+from trainvitals.hooks import timing
+
+try:
+    from trainvitals.hooks import update
+except ImportError:  # an older version of the hooks, before update.py
+    update = None
 from trainvitals.trainer.model import PRESETS
 
 # The hooks' entry points: (owner class, method, label). Per-layer hooks are closures made
@@ -44,9 +49,12 @@ ENTRY_POINTS = (
     (monitor_module.Monitor, "step", "monitor.step()"),
     (timing.StepTimer, "_forward_start", "step timer, forward pre-hook"),
     (timing.StepTimer, "_optimizer_end", "step timer, optimizer post-hook"),
-    (update.UpdateMeter, "_pre_step", "update RMS, optimizer pre-hook (copy)"),
-    (update.UpdateMeter, "_post_step", "update RMS, optimizer post-hook (norms)"),
 )
+if update is not None:
+    ENTRY_POINTS += (
+        (update.UpdateMeter, "_pre_step", "update RMS, optimizer pre-hook (copy)"),
+        (update.UpdateMeter, "_post_step", "update RMS, optimizer post-hook (norms)"),
+    )
 LAYER_HOOKS = "collect block outputs (layer forward hooks)"
 
 
@@ -92,8 +100,10 @@ class Clock:
 
 def patch(clock: Clock) -> list:
     """Wrap the entry points (before attach: the hooks bind them when registered)."""
-    undo = [(owner, name, getattr(owner, name)) for owner, name, _ in ENTRY_POINTS]
-    for owner, name, label in ENTRY_POINTS:
+    # Entry points an older version of the hooks lacks are left out (to compare versions).
+    present = [e for e in ENTRY_POINTS if hasattr(e[0], e[1])]
+    undo = [(owner, name, getattr(owner, name)) for owner, name, _ in present]
+    for owner, name, label in present:
         setattr(owner, name, clock.timed(label, getattr(owner, name)))  # binds like a method
     factory = monitor_module.Monitor._activation_hook
     undo.append((monitor_module.Monitor, "_activation_hook", factory))

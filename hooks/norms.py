@@ -33,8 +33,10 @@ def max_abs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     about ten times slower (bench/results/hook_breakdown_cpu.txt)."""
     if tensors[0].device.type == "cuda":
         return fused_norms(tensors, math.inf)
-    extremes = [torch.aminmax(t) for t in tensors]  # NaN propagates through both ends
-    return [torch.maximum(high, low.neg()) for low, high in extremes]
+    lows, highs = zip(*(torch.aminmax(t) for t in tensors), strict=True)  # NaN propagates
+    # Four ops for all of them rather than two more per tensor. Stacking promotes mixed
+    # dtypes to the widest, which holds every value exactly.
+    return list(torch.maximum(torch.stack(highs), torch.stack(lows).neg()).unbind())
 
 
 def norm_dtype(tensors: list[torch.Tensor]) -> torch.dtype:
