@@ -384,9 +384,9 @@ class Monitor:
     def _read(
         self, pending: list[tuple[int, torch.Tensor, float, int]], record: bool = True
     ) -> None:
-        """Every output's max-abs, one read of each in one fused kernel (one per dtype),
+        """Every output's max-abs, one read of each (on CUDA in one fused kernel per dtype),
         waiting on the device for the next fold; on a logged step also, if `record`, their
-        L2 norms (fused too) and exact non-finite counts."""
+        L2 norms (fused) and exact non-finite counts."""
         shards = [shard for _, shard, *_ in pending]
         for (index, shard, _, version), value in zip(pending, max_abs(shards), strict=True):
             if shard._version != version:
