@@ -11,9 +11,9 @@ optimizer steps, when the activations are gone. A copy taken at the monitor's st
 would instead live through the next forward and backward, on top of the activations at
 their peak: one more fp32 copy of every local shard, every logged step.
 
-A training loop without a torch optimizer (a hand-written update) is measured the old way:
-until an optimizer of these parameters has stepped, `arm()` copies the parameters at once
-and `take()` compares them with the parameters as they are then.
+A training loop without a torch optimizer (a hand-written update) is measured between step
+boundaries: until an optimizer of these parameters has stepped, `arm()` copies the
+parameters at once and `take()` compares them with the parameters as they are then.
 
 Several optimizers (one for the embeddings, one for the rest) are measured each on its
 own parameters. Parameters no optimizer steps have not changed: their norm is 0. Nothing
