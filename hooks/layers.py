@@ -60,6 +60,27 @@ def find_layers(model: nn.Module) -> LayerMap:
     return LayerMap(names, modules, [layer_of[id(p)] for p in model.parameters()])
 
 
+class OptimizerParams:
+    """Which of the model's parameters an optimizer steps, by their position in `params`
+    (none: not this model's optimizer). The optimizer hooks are global, so they fire for
+    every optimizer in the process; the answer is worked out once per optimizer."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self._positions: dict[int, list[int]] = {}
+
+    def positions(self, optimizer: torch.optim.Optimizer) -> list[int]:
+        key = id(optimizer)
+        if key not in self._positions:
+            self._positions[key] = [
+                self._index[id(p)]
+                for group in optimizer.param_groups
+                for p in group["params"]
+                if id(p) in self._index
+            ]
+        return self._positions[key]
+
+
 def replication_weight(t: torch.Tensor, plain_copies: int = 1) -> float:
     """1 / (number of ranks holding an identical copy of this tensor's local shard).
 

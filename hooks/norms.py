@@ -29,8 +29,9 @@ def fused_norms(
 def max_abs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each tensor's largest |value|, NaN if it holds a NaN. On CUDA the inf-norm, fused: one
     kernel launch per dtype for every tensor, and NaN propagates through it
-    (`max_propagate_nan`). Elsewhere `aminmax`, one read each: the CPU inf-norm kernel is
-    about ten times slower (bench/results/hook_breakdown_cpu.txt)."""
+    (`max_propagate_nan`). Elsewhere `aminmax`, one read each: with the CPU inf-norm, reading
+    the tiny model's block outputs took 801 us a step, with `aminmax` 220 us
+    (bench/results/hook_breakdown_cpu.txt)."""
     if tensors[0].device.type == "cuda":
         return fused_norms(tensors, math.inf)
     lows, highs = zip(*(torch.aminmax(t) for t in tensors), strict=True)  # NaN propagates

@@ -30,6 +30,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .layers import OptimizerParams
+
 
 def _event() -> torch.cuda.Event:
     e = torch.cuda.Event(enable_timing=True)
@@ -40,8 +42,7 @@ def _event() -> torch.cuda.Event:
 class StepTimer:
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._params = list(model.parameters())
-        self._ours: dict[int, bool] = {}
+        self._owned = OptimizerParams(list(model.parameters()))
         self._boundary_s = time.perf_counter()
         self._cpu_s = time.thread_time()
         self._forward_seen = False
@@ -63,19 +64,9 @@ class StepTimer:
                 self._done.append((self._span[0], self._span[1]))
             self._span = [_event()]
 
-    def _is_ours(self, optimizer: torch.optim.Optimizer) -> bool:
-        """The post-hook is global: only an optimizer of this model's parameters counts."""
-        key = id(optimizer)
-        if key not in self._ours:
-            mine = {id(p) for p in self._params}
-            self._ours[key] = any(
-                id(p) in mine for group in optimizer.param_groups for p in group["params"]
-            )
-        return self._ours[key]
-
     def _optimizer_end(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        if not self._is_ours(optimizer):
-            return
+        if not self._owned.positions(optimizer):
+            return  # the hook is global: another model's optimizer
         self._boundary_s = time.perf_counter()
         if self.cuda and self._span:
             self._span[1:] = [_event()]

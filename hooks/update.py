@@ -30,15 +30,14 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from .layers import local
+from .layers import OptimizerParams, local
 from .norms import fused_norms, norm_dtype
 
 
 class UpdateMeter:
     def __init__(self, params: list[torch.Tensor]) -> None:
         self._params = params
-        self._index = {id(p): i for i, p in enumerate(params)}
-        self._positions: dict[int, list[int]] = {}  # per optimizer: its parameters among ours
+        self._owned = OptimizerParams(params)
         self._uses_optimizer = False  # has an optimizer of these parameters stepped?
         self._armed = False
         self._boundary_copy: list[torch.Tensor] | None = None  # loops without an optimizer
@@ -70,20 +69,8 @@ class UpdateMeter:
             return _change_norms(copy, [local(p) for p in self._params])
         return None
 
-    def _optimizer_positions(self, optimizer: torch.optim.Optimizer) -> list[int]:
-        """Positions of this optimizer's parameters among ours (none: not ours)."""
-        key = id(optimizer)
-        if key not in self._positions:
-            self._positions[key] = [
-                self._index[id(p)]
-                for group in optimizer.param_groups
-                for p in group["params"]
-                if id(p) in self._index
-            ]
-        return self._positions[key]
-
     def _pre_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        positions = self._optimizer_positions(optimizer)
+        positions = self._owned.positions(optimizer)
         if not positions:
             return
         self._uses_optimizer = True
@@ -96,7 +83,7 @@ class UpdateMeter:
         before = self._before.pop(id(optimizer), None)
         if before is None:
             return
-        positions = self._positions[id(optimizer)]
+        positions = self._owned.positions(optimizer)
         norms = _change_norms(before, [local(self._params[i]) for i in positions])
         if self._norms is None:
             self._norms = [None] * len(self._params)
