@@ -95,3 +95,20 @@ def test_a_key_twice_in_one_batch_is_refused_in_any_order() -> None:
     assert tables["ranks"].column("step").to_pylist() == [2, 1, 0]  # unsorted, each key once
     with pytest.raises(SchemaError, match=r"ranks: 2 rows have the same key \(step=1, rank=0\)"):
         to_arrow({**doc, "ranks": {**ranks, "step": [1, 0, 1], "rank": [0, 0, 0]}})
+
+
+def test_two_runs_rows_in_one_batch_are_refused() -> None:
+    """The runs table's key is the run id alone: a batch carries one row of it. Two rows
+    once crashed the key check (500), and the exporter then spooled every later batch of
+    the run behind that one."""
+    row = {
+        "started_unix_s": 1000.0, "model": "m", "model_config_json": "{}", "n_params": 10,
+        "n_layers": 2, "layer_names_json": "[]", "world_size": 2, "dp": 2, "tp": 1,
+        "device_type": "cpu", "device_name": "cpu", "hosts_json": "[]",
+        "flops_per_token": 60.0, "peak_flops_per_s": 1e12, "peak_flops_source": "measured",
+    }  # fmt: skip
+    doc = {"schema_version": SCHEMA_VERSION, "run_id": "r"}
+    _, tables = to_arrow({**doc, "runs": {k: [v] for k, v in row.items()}})
+    assert tables["runs"].num_rows == 1
+    with pytest.raises(SchemaError, match=r"runs: 2 rows for one run; send one"):
+        to_arrow({**doc, "runs": {k: [v, v] for k, v in row.items()}})

@@ -164,7 +164,12 @@ STEPS = Table(
             "power of all devices of the job, mean over the step",
             required=False,
         ),
-        Field("energy_j", "float64", "energy of all devices since the run started", required=False),
+        Field(
+            "energy_j",
+            "float64",
+            "energy of all devices since the monitor started (a resumed run starts again from 0)",
+            required=False,
+        ),
         Field(
             "nonfinite_count",
             "int64",
@@ -181,7 +186,7 @@ STEPS = Table(
         Field(
             "telemetry_dropped",
             "int64",
-            "logged steps and batches the hooks dropped since the run started",
+            "logged steps and batches the hooks dropped since the monitor started",
             required=False,
         ),
     ),
@@ -271,7 +276,12 @@ RANKS = Table(
             required=False,
         ),
         Field("power_w", "float64", "device power, mean over the step", required=False),
-        Field("energy_j", "float64", "device energy since the run started", required=False),
+        Field(
+            "energy_j",
+            "float64",
+            "device energy since the monitor started (a resumed run starts again from 0)",
+            required=False,
+        ),
         Field("sm_clock_mhz", "float64", "device SM clock", required=False),
         Field("temperature_c", "float64", "device temperature", required=False),
         Field(
@@ -522,6 +532,8 @@ def _check_unique_keys(spec: Table, table: Any) -> None:
     and the store would keep only the first. (A resend of stored rows is fine: that is a
     later batch.)"""
     keys = [k for k in spec.key if k != "run_id"]
+    if not keys and table.num_rows > 1:  # one row per run (runs): the batch is one run's
+        raise SchemaError(f"{spec.name}: {table.num_rows} rows for one run; send one")
     if table.num_rows < 2 or _strictly_ascending(table, keys):
         return  # the usual case, as producers send rows in key order
     counts = table.group_by(keys).aggregate([([], "count_all")])
