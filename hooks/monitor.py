@@ -451,7 +451,7 @@ class Monitor:
     @torch.no_grad()  # parameter shards may require grad; nothing here is for autograd
     def _param_stats(self) -> tuple[torch.Tensor, ...]:
         """Per-layer sums of squares of the gradients, the parameters and their change by the
-        previous optimizer step (NaN when it was not measured), and per layer how many
+        previous optimizer step (negative when it was not measured), and per layer how many
         gradient tensors hold a NaN or inf; all local shards, replication-weighted so that
         the sum over ranks counts every element once. One fused norm over the gradients and
         parameters (the change's norms were taken when the optimizer stepped).
@@ -472,7 +472,10 @@ class Monitor:
             torch.cat([norms.square(), bad]),
         )
         if not update:
-            sums[2].fill_(math.nan)  # a kernel argument: no copy from the host
+            # Not measured: a negative sum of squares, which no measurement gives, so that a
+            # NaN update (a step that wrote NaN weights) still reads as NaN. A kernel
+            # argument: no copy from the host.
+            sums[2].fill_(-1.0)
         return sums[0], sums[3], sums[1], sums[2]
 
     def _activation_stats(self) -> tuple[torch.Tensor, torch.Tensor, list[float]]:

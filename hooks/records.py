@@ -192,8 +192,9 @@ def append_step(
     )
     act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
     param_norm = np.sqrt(layout.per_layer(v, "param_sumsq"))
-    with np.errstate(invalid="ignore", divide="ignore"):  # a layer with no weights: NaN
-        update_rms = np.sqrt(layout.per_layer(v, "update_sumsq") / np.array(layout.layer_numel))
+    update_sumsq = layout.per_layer(v, "update_sumsq")  # negative: not measured
+    with np.errstate(invalid="ignore", divide="ignore"):
+        update_rms = np.sqrt(update_sumsq / np.array(layout.layer_numel))
     for layer in range(layout.n_layers):
         builder.append(
             "layers",
@@ -204,9 +205,10 @@ def append_step(
             act_max_abs=float(v_max[layer]),
             act_nonfinite_steps=round(v_max[layout.n_layers + layer]),
             param_norm=float(param_norm[layer]),
-            # The change made by the optimizer step just before this step; None on a
-            # run's first logged step, which no optimizer step precedes.
-            update_rms=_finite_or_none(float(update_rms[layer])),
+            # The change made by the optimizer step just before this step; None when
+            # none was measured (a run's first logged step, which no optimizer step
+            # precedes), NaN or inf when the step wrote non-finite weights.
+            update_rms=None if update_sumsq[layer] < 0 else float(update_rms[layer]),
             nonfinite_count=round(grad_nonfinite[layer]),
             act_nonfinite_count=round(act_nonfinite[layer]),
         )

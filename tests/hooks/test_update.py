@@ -66,6 +66,29 @@ def test_two_optimizers_and_a_frozen_layer_are_each_measured(model) -> None:
     assert rows[1, "norm"]["update_rms"] == 0.0
 
 
+def test_an_update_that_wrote_nan_weights_is_nan_not_unmeasured(model) -> None:
+    """None says no update was measured; a step that wrote NaN into the weights must not
+    read the same (a NaN gradient on step 0 reaches the weights through SGD)."""
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    poisoned = [True]
+
+    def update() -> None:
+        if poisoned.pop() if poisoned else False:
+            model.layers[0].attention.wq.weight.grad[0, 0] = float("nan")
+        opt.step()
+        opt.zero_grad()
+
+    _steps(model, monitor, update)
+    monitor.close()
+    rows = _rows(out)
+    assert rows[0, "layers.0"]["update_rms"] is None  # no step before the first
+    assert rows[1, "layers.0"]["update_rms"] == "NaN"  # on the wire: JSON has no NaN literal
+    expected = _expected_rms(0.1, rows[0, "layers.1"]["grad_norm"], model.layers[1])
+    assert rows[1, "layers.1"]["update_rms"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_a_hand_written_update_is_measured_at_the_step_boundary(model) -> None:
     out = InMemoryExporter()
     monitor = attach(model, exporter=out, log_every=1)
