@@ -20,6 +20,10 @@ from .spool import Spool
 
 log = logging.getLogger(__name__)
 
+# Drains in a row in which the collector failed (500) on the same spooled batch before it is
+# set aside: a 500 that persists across export intervals is the batch, not a passing fault.
+FAILED_DRAINS = 3
+
 
 class Exporter(Protocol):
     def export(self, batch: BatchBuilder) -> bool:
@@ -70,7 +74,10 @@ class HttpExporter:
 
     Delivery order is kept: while anything is spooled, new batches join the spool behind
     it, and each export first tries to drain the spool. A batch the collector rejects as
-    invalid (4xx) is not retried: it is logged and counted in `rejected_batches`.
+    invalid (4xx) is not retried: it is logged and counted in `rejected_batches`. A spooled
+    batch the collector fails on (500 to every attempt) in FAILED_DRAINS drains in a row is
+    set aside in the spool (spool.py), so that one batch it cannot take does not hold back
+    every later one; it counts as dropped until `trainvitals import` delivers it.
     """
 
     def __init__(
@@ -94,7 +101,10 @@ class HttpExporter:
         self.backoff_s = backoff_s
         self.sent_batches = 0
         self.rejected_batches = 0
-        self.dropped_batches = 0  # neither delivered nor spooled (no spool, or disk full)
+        # Neither delivered nor spooled (no spool, or disk full), or set aside.
+        self.dropped_batches = 0
+        self._failed_on_last = False  # did the last _send get 500 to every attempt?
+        self._failed_drains: dict[Path, int] = {}  # spooled batch -> drains answered 500
 
     def export(self, batch: BatchBuilder) -> bool:
         body = batch.to_json()
@@ -105,6 +115,7 @@ class HttpExporter:
 
     def _send(self, body: bytes) -> bool | None:
         """True: stored. False: rejected for good. None: not delivered (try again later)."""
+        self._failed_on_last = True
         for attempt in range(self.retries + 1):
             try:
                 resp = self._client.post(self.url, content=body)
@@ -116,8 +127,11 @@ class HttpExporter:
                     log.error("collector rejected a batch (%s): %s", resp.status_code, resp.text)
                     self.rejected_batches += 1
                     return False
+                # 500: the collector failed on this batch; 502-504: it is away or busy.
+                self._failed_on_last &= resp.status_code == 500
                 log.warning("collector answered %s; retrying", resp.status_code)
             except Exception as e:  # network errors of every kind: never into training
+                self._failed_on_last = False
                 log.warning("export to %s failed (%s); attempt %d", self.url, e, attempt + 1)
             time.sleep(self.backoff_s * 2**attempt)
         return None
@@ -127,9 +141,34 @@ class HttpExporter:
         pending = self.spool.pending()
         for path in pending:
             if self._send(path.read_bytes()) is None:
+                if self._set_aside_if_failing(path):
+                    continue
                 return True  # still unreachable; keep the rest in order
             path.unlink()
+            self._failed_drains.pop(path, None)
         return bool(pending)
+
+    def _set_aside_if_failing(self, path: Path) -> bool:
+        """Count a drain in which the collector failed on `path` itself; set it aside once
+        that has happened FAILED_DRAINS times in a row. True if it was set aside."""
+        if not self._failed_on_last:  # away or busy: not the batch's fault
+            self._failed_drains.pop(path, None)
+            return False
+        failures = self._failed_drains.get(path, 0) + 1
+        if failures < FAILED_DRAINS:
+            self._failed_drains[path] = failures
+            return False
+        del self._failed_drains[path]
+        aside = self.spool.set_aside(path)
+        self.dropped_batches += 1
+        log.error(
+            "the collector failed (500) on a spooled batch %d times; set aside as %s so the "
+            "batches after it go on. Once the collector is mended: trainvitals import %s",
+            failures * (self.retries + 1),
+            aside,
+            self.spool.dir,
+        )
+        return True
 
     def _keep(self, body: bytes) -> bool:
         if self.spool is None:

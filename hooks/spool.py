@@ -4,6 +4,10 @@ Each batch is one file, named by a sequence number, written to a temporary name 
 so that a crash never leaves half a batch behind. Resending is safe at any time: every
 record has an idempotent key (run, step[, layer or rank]), so a batch the collector already
 stored is ignored there.
+
+A batch set aside (the collector keeps failing on it) stays in the folder as
+`<number>.failed.json`: no longer resent by the hooks, still sent, in its place, by
+`trainvitals import` of the folder.
 """
 
 from __future__ import annotations
@@ -28,8 +32,14 @@ class Spool:
         self._next += 1
 
     def pending(self) -> list[Path]:
-        """Spooled batches, oldest first."""
-        return sorted(self.dir.glob("*.json"))
+        """Spooled batches, oldest first (not those set aside)."""
+        return sorted(p for p in self.dir.glob("*.json") if p.stem.isdigit())
+
+    def set_aside(self, path: Path) -> Path:
+        """Keep `path` out of `pending()`, in the folder; returns its new name."""
+        aside = path.with_suffix(".failed.json")
+        os.replace(path, aside)
+        return aside
 
     def __len__(self) -> int:
         return len(self.pending())

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import duckdb
 import orjson
@@ -47,6 +50,54 @@ def test_rejected_batch_is_not_spooled(tmp_path: Path, collector) -> None:
     bad._columns["steps"]["loss"][0] = "not a number"
     assert exporter.export(bad) is False
     assert exporter.rejected_batches == 1 and exporter.spool.pending() == []
+
+
+class _FailsOnPoison(BaseHTTPRequestHandler):
+    """A stand-in for a collector with a bug: 500 to every batch of run "poison", 202 to
+    the others (kept in `received`). The real collector has no such batch left to fail on,
+    which is why this part is not real."""
+
+    received: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        poisoned = b'"run_id":"poison"' in body
+        if not poisoned:
+            self.received.append(body)
+        self.send_response(500 if poisoned else 202)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *_) -> None:
+        pass
+
+
+def test_a_batch_the_collector_keeps_failing_on_is_set_aside(tmp_path: Path, collector) -> None:
+    """One batch answered 500 drain after drain must not hold back the run's later batches
+    for ever: after FAILED_DRAINS drains it is set aside in the spool, counted as dropped,
+    and `trainvitals import` of the spool still delivers it."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FailsOnPoison)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    spool = tmp_path / "spool"
+    url = f"http://127.0.0.1:{server.server_port}"
+    exporter = HttpExporter(url, spool_dir=spool, retries=0, backoff_s=0.001)
+    try:
+        assert exporter.export(make_batch("poison", steps=range(0, 3))) is False  # spooled
+        delivered = [exporter.export(make_batch(steps=range(s, s + 3))) for s in (0, 3, 6)]
+    finally:
+        server.shutdown()
+        server.server_close()
+    # Two drains keep the order (the good batches queue behind it); the third sets it aside
+    # and delivers the three in order.
+    assert delivered == [False, False, True]
+    assert [orjson.loads(b)["steps"]["step"][0] for b in _FailsOnPoison.received] == [0, 3, 6]
+    assert exporter.dropped_batches == 1 and exporter.spool.pending() == []
+    assert [p.name for p in spool.iterdir()] == ["000000000000.failed.json"]
+    argv = [sys.executable, "-m", "trainvitals", "import", str(spool), "--collector", collector.url]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    collector.stop()
+    assert _stored_steps(collector.store, "poison") == [0, 1, 2]
 
 
 def test_import_loads_a_file_once_and_names_a_bad_line(tmp_path: Path, collector) -> None:
