@@ -74,13 +74,18 @@ def layer_heatmap(
 ) -> alt.Chart | alt.LayerChart:
     """Step x layer heatmap on a log colour scale, layers in model order on the y axis.
 
-    `frame` has columns step, layer, layer_name, value (the client's `layers()`). Cells a
-    log scale cannot show (non-finite or <= 0) are drawn in red rather than dropped: a
-    NaN gradient in one layer is exactly what this chart is for. `steps` (first, end)
-    fixes the x range, so that heatmaps stacked above each other line up.
+    `frame` has columns step, layer, layer_name, value (the client's `layers()`) and,
+    optionally, `nonfinite` (derive.nonfinite_cells). Cells a log scale cannot show
+    (non-finite or <= 0) are drawn in red rather than dropped: a NaN gradient in one layer
+    is exactly what this chart is for. A null cell that `nonfinite` does not flag was
+    never measured and is left blank; without `nonfinite`, every null is non-finite.
+    `steps` (first, end) fixes the x range, so that heatmaps stacked above each other
+    line up.
     """
     order = list(frame.sort_values("layer")["layer_name"].unique())
     y = alt.Y("layer_name:N", title="layer", sort=order)
+    if "nonfinite" in frame:
+        frame = frame[frame["value"].notna() | frame["nonfinite"]]
     cells = _cells(frame, "layer_name").astype({"layer_name": "category"})
     return _heatmap(
         cells, bucket_steps, y, value_title, log_scale=True, steps=steps, n_rows=len(order)

@@ -138,7 +138,12 @@ class CollectorClient:
         max_steps: int = 300,
         agg: str = "max",
     ) -> Series:
-        """Per-layer `metric` in long format: columns step, layer (index), layer_name, value."""
+        """Per-layer `metric` in long format: columns step, layer (index), layer_name, value.
+
+        A non-finite value (NaN, inf) and a value never measured (null in the store) both
+        arrive as null, since JSON has no NaN, and become NaN: derive.nonfinite_cells tells
+        them apart.
+        """
         params = _window(start, end) | {"metric": metric, "max_steps": max_steps, "agg": agg}
         doc = self._get(f"{API}/runs/{run_id}/layers", params)
         frame = _long_frame(doc, "layer")

@@ -14,6 +14,7 @@ import pandas as pd
 from trainvitals.dashboard.client import RunSummary
 
 J_PER_KWH = 3.6e6
+BYTES_PER_GB = 1e9
 # A layer's value this many times its median over the window marks where a spike starts:
 # one decade, one step of the heatmaps' log colour scale.
 JUMP_RATIO = 10.0
@@ -22,6 +23,62 @@ JUMP_RATIO = 10.0
 def tokens_per_joule(tokens_per_s: pd.Series, power_w: pd.Series) -> pd.Series:
     """Energy efficiency: (tokens/s) / W = tokens/J, since a watt is a joule per second."""
     return tokens_per_s / power_w.where(power_w > 0)
+
+
+def continued_energy_j(energy_j: pd.Series, earlier_j: pd.Series | None = None) -> pd.Series:
+    """The job's energy (J) since the run started, continued across restarts.
+
+    Hooks that count `energy_j` from 0 again when a run resumes leave the series falling
+    at each restart. A reading below the previous one is taken as such a restart: the
+    total goes on from the previous reading (the energy between that reading and the
+    restart is not counted). A bucket mean that mixes readings from before and after a
+    restart can fall once more at the next bucket: a fall right after a fall is taken as
+    the same restart, which leaves the total short by about a bucket's energy.
+    `earlier_j` are the readings before these, in step order (bucket means of the run
+    before a window will do), so that restarts before a window count too. Null readings
+    stay null.
+    """
+    earlier = pd.Series(dtype="float64") if earlier_j is None else earlier_j
+    joined = pd.concat([earlier, energy_j], ignore_index=True)
+    readings = joined.dropna()
+    previous = readings.shift()
+    fell = readings < previous
+    restarted = fell & ~fell.shift(fill_value=False)
+    offset_j = previous.where(restarted, 0.0).cumsum()
+    total_j = (readings + offset_j).reindex(joined.index)
+    return total_j.iloc[len(earlier) :].set_axis(energy_j.index)
+
+
+@dataclass(frozen=True)
+class EnergySoFar:
+    """The run's energy figures; NaN where it has too few energy readings."""
+
+    used_j: float  # since the run started, at its latest reading
+    tokens_per_j: float  # tokens / energy between the first and the latest reading
+
+
+def energy_so_far(steps: pd.DataFrame, latest_energy_j: float) -> EnergySoFar:
+    """Energy used so far, and tokens per joule with tokens and energy over the same span.
+
+    `steps` holds the whole run (step, tokens, energy_j), bucket means in step order, and
+    `latest_energy_j` the latest step's raw reading. Tokens per joule = tokens trained
+    between the first and the last energy reading / energy used between them: energy
+    counted since a restart over tokens counted since step 0 would mix two spans. Tokens
+    per logged step stand for the steps between logged steps.
+    """
+    total_j = continued_energy_j(steps["energy_j"])
+    read = steps.assign(total_j=total_j).dropna(subset=["total_j"])
+    if read.empty:
+        return EnergySoFar(math.nan, math.nan)
+    first, last = read.iloc[0], read.iloc[-1]
+    used_j = last.total_j
+    if not math.isnan(latest_energy_j):
+        # The raw reading, where the last bucket holds a mean, plus the energy that
+        # restarts took off the counter.
+        used_j = latest_energy_j + (last.total_j - last.energy_j)
+    span_j = last.total_j - first.total_j
+    tokens = read["tokens"].mean() * (last.step - first.step)
+    return EnergySoFar(used_j, tokens / span_j if span_j > 0 else math.nan)
 
 
 @dataclass(frozen=True)
@@ -67,17 +124,50 @@ def rank_costs(means: pd.DataFrame, bucket_steps: int) -> pd.DataFrame:
     `means` is a step x rank grid (step, rank, value) of bucket means of a per-rank time.
     A synchronous step ends when its slowest rank does, so a rank's excess over the
     median rank is time the whole job waits for it: what that rank costs the job were it
-    the only slow one (two ranks slow at the same step do not add up). A bucket mean
-    stands for every step of its bucket, logged or not.
+    the only slow one (two ranks slow at the same step do not add up). Each bucket mean
+    stands for the steps `steps_covered` gives it, so the sum is the same whatever the
+    bucket width and the logging interval.
     """
     median = means.groupby("step")["value"].transform("median")
-    behind = (means["value"] - median).clip(lower=0) * bucket_steps
+    covered = means["step"].map(steps_covered(means["step"], bucket_steps))
+    behind = (means["value"] - median).clip(lower=0) * covered
     out = (
         means.assign(behind_s=behind)
         .groupby("rank", as_index=False)
         .agg(behind_s=("behind_s", "sum"), mean_s=("value", "mean"))
     )
     return out.sort_values(["behind_s", "rank"], ascending=[False, True], ignore_index=True)
+
+
+def steps_covered(bucket_starts: pd.Series, bucket_steps: int) -> pd.Series:
+    """Steps each bucket holding logged rows stands for, indexed by the bucket's first step.
+
+    A logged step stands for the steps since the previous logged one, and a bucket for the
+    steps since the previous bucket holding a logged step: `bucket_steps` when every bucket
+    holds one, the logging interval when buckets are narrower than it (the buckets in
+    between hold nothing). The first bucket's predecessor is outside the window: it stands
+    for the median gap of the others (`bucket_steps` if it is alone).
+    """
+    starts = pd.Series(sorted(bucket_starts.unique()), dtype="float64")
+    gaps = starts.diff()
+    gaps.iloc[:1] = gaps.median() if len(starts) > 1 else bucket_steps
+    return pd.Series(gaps.to_numpy(), index=starts.astype("int64"))
+
+
+def collective_bandwidth(
+    bytes_per_step: pd.DataFrame, time_s_per_step: pd.DataFrame
+) -> pd.DataFrame:
+    """Per rank (step, rank, value): algorithm bandwidth in GB/s of one kind of collective.
+
+    Both grids hold, per rank, a window mean (step, rank, value) of the bytes of the
+    collectives per step and of the time they took per step. Their ratio is the bytes
+    moved over the time spent, over the window's logged steps: nccl-tests' algorithm
+    bandwidth. Null where the backend did not time the collectives.
+    """
+    key = ["step", "rank"]
+    both = bytes_per_step.merge(time_s_per_step, on=key, how="left", suffixes=("_b", "_s"))
+    seconds = both["value_s"].where(both["value_s"] > 0)
+    return both.assign(value=both["value_b"] / seconds / BYTES_PER_GB)[[*key, "value"]]
 
 
 AGREES, DIFFERS, SPLIT = "agrees", "differs from the majority", "no majority"
@@ -103,15 +193,42 @@ def fingerprint_agreement(grid: pd.DataFrame) -> pd.DataFrame:
     return canary.assign(status=status.to_numpy())
 
 
-def first_jump(layers: pd.DataFrame) -> pd.Series | None:
-    """The earliest cell at least JUMP_RATIO x its layer's median over the window, or null.
+def nonfinite_cells(grid: pd.DataFrame, null_is_nonfinite: bool, grads: pd.DataFrame) -> pd.Series:
+    """Which cells of a step x layer grid hold a non-finite value, rather than no value.
 
-    A null cell is a non-finite value of a layer that reported finite ones elsewhere.
-    Ties on the step go to the layer nearer the input. None when no cell jumps.
+    The collector serves NaN, inf and a value never measured alike, as null. Where the
+    store holds no null (`null_is_nonfinite`: a required field, such as the gradient norm),
+    a null cell is a non-finite value. Elsewhere a null cell was not measured (the update
+    RMS of a run's first logged step, or of the first after a restart, has no optimizer
+    step before it), unless the layer's gradients were non-finite in that bucket (`grads`,
+    the gradient norm grid over the same buckets) and the metric has a value somewhere in
+    the window: an update made from non-finite gradients is non-finite, and the hooks
+    send it as null.
     """
+    missing = grid["value"].isna()
+    if null_is_nonfinite:
+        return missing
+    if missing.all():  # the run did not report the metric: nothing to call non-finite
+        return pd.Series(False, index=grid.index)
+    key = ["step", "layer"]
+    bad = grads.loc[grads["value"].isna(), key].assign(bad_grads=True)
+    flagged = grid[key].merge(bad, on=key, how="left")["bad_grads"].eq(True)
+    return missing & flagged.to_numpy()
+
+
+def first_jump(layers: pd.DataFrame) -> pd.Series | None:
+    """The earliest cell at least JUMP_RATIO x its layer's median over the window, or
+    non-finite; None when no cell is.
+
+    `layers` holds step, layer, layer_name, value and, optionally, `nonfinite` (from
+    `nonfinite_cells`): without it every null cell counts as non-finite, with it a null
+    cell that is not flagged was never measured and is no jump. Ties on the step go to the
+    layer nearer the input.
+    """
+    nonfinite = layers["nonfinite"] if "nonfinite" in layers else layers["value"].isna()
     median = layers.groupby("layer")["value"].transform("median")
-    jumped = (layers["value"] >= JUMP_RATIO * median) | (layers["value"].isna() & median.notna())
-    hits = layers.assign(median=median)[jumped & (median > 0)]
+    jumped = ((layers["value"] >= JUMP_RATIO * median) & (median > 0)) | nonfinite
+    hits = layers.assign(median=median)[jumped]
     if hits.empty:
         return None
     return hits.sort_values(["step", "layer"]).iloc[0]

@@ -1,7 +1,8 @@
 """Start the Streamlit dashboard as a child process (`trainvitals dashboard`, the demo).
 
-`trainvitals dashboard --store FILE` replays a stored run: it starts a collector in replay
-mode (read-only) on a free port and the dashboard against it, and stops both on Ctrl-C.
+`trainvitals dashboard --store STORE` replays a stored run (a DuckDB file, or a Parquet
+export folder): it starts a collector in replay mode (read-only) on a free port and the
+dashboard against it, and stops both on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ def dashboard_command(collector_url: str, port: int = 8501, host: str = "127.0.0
     """
     if urlsplit(collector_url).scheme not in ("http", "https"):
         raise ValueError(f"collector_url must be an http(s) URL, got {collector_url!r}")
-    if not 1 <= port <= 65535:
-        raise ValueError(f"port must be in 1..65535, got {port}")
+    check_port(port)
     return [
         sys.executable,
         "-m",
@@ -76,16 +76,39 @@ def replay_collector_command(store: Path, port: int) -> list[str]:
     ]
 
 
+def check_port(port: int) -> int:
+    """`port` if a TCP port can be it; ValueError otherwise."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    return port
+
+
+def check_store(store: Path) -> Path:
+    """`store` if the replay collector serves it: a DuckDB file, or a Parquet export folder
+    (`trainvitals export`, collector/export.py); ValueError saying why not otherwise."""
+    from trainvitals.collector.export import is_export
+
+    if store.is_file() or is_export(store):
+        return store
+    if store.is_dir():
+        raise ValueError(
+            f"store {store} is a folder but not a trainvitals export: "
+            "it has no table folder (steps/, layers/, ...)"
+        )
+    raise ValueError(f"store {store} does not exist")
+
+
 def run_replay(store: Path, port: int = 8501, host: str = "127.0.0.1") -> int:
     """Serve the runs stored in `store` for a post-mortem, until Ctrl-C; return an exit code.
 
-    Raises ValueError when the store does not exist, RuntimeError when the collector does
-    not start (a store another process holds open for writing, for instance).
+    Raises ValueError for a bad port or a store the collector cannot serve, before
+    anything starts; RuntimeError when the collector does not start (a store another
+    process holds open for writing, for instance).
     """
     from trainvitals.demo import wait_healthy
 
-    if not store.is_file():
-        raise ValueError(f"store {store} does not exist")
+    check_port(port)
+    check_store(store)
     _exit_on_sigterm()
     collector_port = free_port()
     collector_url = f"http://127.0.0.1:{collector_port}"

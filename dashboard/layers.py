@@ -10,6 +10,7 @@ import streamlit as st
 from trainvitals.dashboard import charts, derive
 from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
 from trainvitals.dashboard.state import Window
+from trainvitals.schema import LAYERS
 
 
 @dataclass(frozen=True)
@@ -26,16 +27,36 @@ METRICS = (
 
 
 def load(client: CollectorClient, run: RunSummary, window: Window) -> dict[str, Series]:
-    """One bucketed step x layer grid per metric; max per bucket, so a spike survives."""
+    """One bucketed step x layer grid per metric; max per bucket, so a spike survives.
+
+    Each grid's frame has a `nonfinite` column (derive.nonfinite_cells): the collector
+    serves a non-finite value and a value never measured alike, as null.
+    """
     max_steps = charts.heatmap_steps(len(run.layer_names))
-    return {
+    grids = {
         m.field: client.layers(run.run_id, m.field, window.start, window.end, max_steps, agg="max")
         for m in METRICS
     }
+    grads = grids["grad_norm"].frame
+    return {
+        field: Series(
+            grid.bucket_steps,
+            grid.frame.assign(
+                nonfinite=derive.nonfinite_cells(grid.frame, LAYERS.by_name[field].required, grads)
+            ),
+        )
+        for field, grid in grids.items()
+    }
+
+
+def has_cells(grid: Series) -> bool:
+    """Whether a grid has anything to draw: a value, or a non-finite one."""
+    frame = grid.frame
+    return bool((frame["value"].notna() | frame["nonfinite"]).any())
 
 
 def render(grids: dict[str, Series], run: RunSummary) -> None:
-    shown = [grids[m.field] for m in METRICS if grids[m.field].frame["value"].notna().any()]
+    shown = [grids[m.field] for m in METRICS if has_cells(grids[m.field])]
     if not shown:
         st.info("No per-layer statistics for this run in this window.")
         return
@@ -46,7 +67,7 @@ def render(grids: dict[str, Series], run: RunSummary) -> None:
     )
     st.caption(
         f"Max over each bucket of {shown[0].bucket_steps} step(s), log colour scale; "
-        "red: non-finite or zero."
+        "red: non-finite or zero; blank: not measured."
     )
     for metric in METRICS:
         heatmap(metric, grids[metric.field], steps)
@@ -55,8 +76,8 @@ def render(grids: dict[str, Series], run: RunSummary) -> None:
 def heatmap(metric: LayerMetric, grid: Series, steps: tuple[int, int]) -> None:
     st.subheader(f"{metric.name[0].upper()}{metric.name[1:]} per layer")
     frame = grid.frame
-    if not frame["value"].notna().any():
-        st.info(f"This run did not report the {metric.name} of its layers.")
+    if not has_cells(grid):
+        st.info(f"This run did not report the {metric.name} of its layers in this window.")
         return
     jump = derive.first_jump(frame)
     if jump is not None:

@@ -25,7 +25,7 @@ GOODPUT_HELP = (
 @dataclass(frozen=True)
 class OverviewData:
     series: Series  # the window, bucketed
-    whole_run: pd.DataFrame  # the whole run, bucketed: for goodput and the token target
+    whole_run: Series  # the whole run, bucketed: for goodput, energy and the token target
     latest: pd.Series  # the run's last logged step, raw
     alerts: pd.DataFrame
 
@@ -39,17 +39,19 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> OverviewDa
         whole_run = client.steps(run_id, max_points=MAX_LINE_POINTS)
     # start=last_step selects exactly the last logged step.
     latest = client.steps(run_id, start=run.last_step).frame.iloc[-1]
-    return OverviewData(series, whole_run.frame, latest, client.alerts(run_id))
+    return OverviewData(series, whole_run, latest, client.alerts(run_id))
 
 
 def render(data: OverviewData, run: RunSummary) -> None:
+    whole_run = data.whole_run.frame
     progress = derive.progress(
         run,
-        first_step=int(data.whole_run["step"].iloc[0]),
-        median_step_time_s=data.whole_run["step_time_s"].median(),
-        mean_tokens=data.whole_run["tokens"].mean(),
+        first_step=int(whole_run["step"].iloc[0]),
+        median_step_time_s=whole_run["step_time_s"].median(),
+        mean_tokens=whole_run["tokens"].mean(),
     )
-    headline(data.latest, progress, run)
+    energy = derive.energy_so_far(whole_run, data.latest.energy_j)
+    headline(data.latest, progress, energy, run)
     dropped = data.latest.get("telemetry_dropped", 0)
     if dropped > 0:  # NaN (not reported) compares false
         st.warning(
@@ -66,11 +68,13 @@ def render(data: OverviewData, run: RunSummary) -> None:
             "the bands reach each bucket's max."
         )
     training_charts(frame)
-    efficiency_charts(frame, run)
+    efficiency_charts(frame, energy_before(data.whole_run, frame), run)
     latest_alerts(data.alerts, run)
 
 
-def headline(latest: pd.Series, progress: derive.Progress, run: RunSummary) -> None:
+def headline(
+    latest: pd.Series, progress: derive.Progress, energy: derive.EnergySoFar, run: RunSummary
+) -> None:
     """The latest step's numbers (raw, not bucket means), then the run's totals."""
     mfu_help = None if run.peak_flops_per_s else "The run reported no peak FLOP/s for its device."
     top = st.columns(5)
@@ -80,14 +84,14 @@ def headline(latest: pd.Series, progress: derive.Progress, run: RunSummary) -> N
     top[3].metric("MFU", fmt(100 * latest.mfu_ratio, ".1f", unit=" %"), help=mfu_help)
     top[4].metric("TFLOP/s per device", fmt(latest.tflops_per_s_per_device, ".4g"))
     power_help = None if latest.power_w > 0 else no_power_message(run)
-    energy_j = latest.energy_j
     bottom = st.columns(5)
     bottom[0].metric("power (W)", fmt(latest.power_w, ",.0f"), help=power_help)
-    bottom[1].metric("energy so far (kWh)", fmt(energy_j / derive.J_PER_KWH, ".4g"))
+    bottom[1].metric("energy so far (kWh)", fmt(energy.used_j / derive.J_PER_KWH, ".4g"))
     bottom[2].metric(
         "tokens per joule",
-        fmt(progress.tokens_done / energy_j if energy_j > 0 else None, ".4g"),
-        help="Tokens so far / energy so far.",
+        fmt(energy.tokens_per_j, ".4g"),
+        help="Tokens trained between the first and the latest energy reading / the energy "
+        "used between them.",
     )
     bottom[3].metric(
         "goodput (estimate)",
@@ -126,8 +130,22 @@ def training_charts(frame: pd.DataFrame) -> None:
         right.info("The run reported no learning rate.")
 
 
-def efficiency_charts(frame: pd.DataFrame, run: RunSummary) -> None:
-    """MFU and achieved FLOP/s per device; power, energy and tokens per joule."""
+def energy_before(whole_run: Series, window: pd.DataFrame) -> pd.Series:
+    """Energy readings of the whole run's buckets that end before the window starts.
+
+    They carry the restarts before the window into its energy curve. A restart inside
+    the bucket that holds the window's first step, but before that step, is missed: the
+    curve then starts one restart's worth low.
+    """
+    frame = whole_run.frame
+    return frame.loc[frame["step"] + whole_run.bucket_steps <= window["step"].iloc[0], "energy_j"]
+
+
+def efficiency_charts(frame: pd.DataFrame, earlier_energy_j: pd.Series, run: RunSummary) -> None:
+    """MFU and achieved FLOP/s per device; power, energy and tokens per joule.
+
+    `earlier_energy_j`: energy readings before the window, for the restarts before it.
+    """
     left, right = st.columns(2)
     if frame["mfu_ratio"].notna().any():
         mfu = frame.assign(mfu_pct=100 * frame["mfu_ratio"])
@@ -141,7 +159,8 @@ def efficiency_charts(frame: pd.DataFrame, run: RunSummary) -> None:
         st.info(no_power_message(run))
         return
     energy = frame.assign(
-        energy_kwh=frame["energy_j"] / derive.J_PER_KWH,
+        energy_kwh=derive.continued_energy_j(frame["energy_j"], earlier_energy_j)
+        / derive.J_PER_KWH,
         tokens_per_j=derive.tokens_per_joule(frame["tokens_per_s"], frame["power_w"]),
     )
     left, middle, right = st.columns(3)

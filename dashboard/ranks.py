@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import streamlit as st
@@ -18,6 +19,14 @@ DEVICE_METRICS = (
     ("sm_clock_mhz", "SM clock", "mean SM clock (MHz)"),
     ("temperature_c", "temperature", "mean temperature (°C)"),
 )
+# Collectives the hooks count per rank: field prefix -> name. Each has _count, _bytes and
+# _time_s fields (schema.py).
+COLLECTIVES = {
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "all_reduce": "all-reduce",
+}
+BYTES_PER_MB = 1e6
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,9 @@ class RanksData:
     busy_means: Series  # time_field, bucket mean: what the ranking of slow ranks sums
     wait: Series  # wait_time_s, bucket max
     device: dict[str, Series]  # DEVICE_METRICS fields, one bucket: the window's mean
+    # COLLECTIVES prefix -> its bytes and time per step, one bucket: the window's mean.
+    # Only collectives the run reported.
+    collectives: dict[str, tuple[Series, Series]]
 
 
 def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
@@ -45,7 +57,24 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
         busy_means=grid(time_field, "mean", max_steps),
         wait=grid("wait_time_s", "max", max_steps),
         device={field: grid(field, "mean", max_steps=1) for field, _, _ in DEVICE_METRICS},
+        collectives=load_collectives(grid),
     )
+
+
+def load_collectives(
+    grid: Callable[[str, str, int], Series],
+) -> dict[str, tuple[Series, Series]]:
+    """Window means per rank of each reported collective's bytes and time per step.
+
+    The time is asked for only where the bytes came back: a run without collective
+    fields costs three small requests, not six.
+    """
+    out = {}
+    for prefix in COLLECTIVES:
+        nbytes = grid(f"{prefix}_bytes", "mean", 1)
+        if nbytes.frame["value"].notna().any():
+            out[prefix] = (nbytes, grid(f"{prefix}_time_s", "mean", 1))
+    return out
 
 
 def render(data: RanksData, run: RunSummary) -> None:
@@ -81,11 +110,7 @@ def render(data: RanksData, run: RunSummary) -> None:
             st.info("This run did not report the time each rank waits at synchronisation.")
     slowest_ranks(data.busy_means, time_name)
     device_charts(data.device, run)
-    st.subheader("Collective bandwidth")
-    st.info(
-        "Not measured yet: the telemetry has no collective traffic fields, "
-        "so there is no bandwidth to show."
-    )
+    collective_charts(data.collectives)
 
 
 def slowest_ranks(means: Series, time_name: str) -> None:
@@ -118,3 +143,30 @@ def device_charts(device: dict[str, Series], run: RunSummary) -> None:
             column.info(no_power_message(run))
         else:
             column.info(f"This run did not report the {what} of its devices.")
+
+
+def collective_charts(collectives: dict[str, tuple[Series, Series]]) -> None:
+    """Per collective, each rank's algorithm bandwidth; its bytes per step where untimed."""
+    st.subheader("Collective traffic per rank")
+    if not collectives:
+        st.info(
+            "This run did not report its collectives (all-gather, reduce-scatter, "
+            "all-reduce): no traffic or bandwidth to show."
+        )
+        return
+    st.caption(
+        "Algorithm bandwidth (as nccl-tests counts it): bytes of the collectives' buffers / "
+        "time they took, over the window's logged steps. Where the backend does not time "
+        "a collective: its bytes per step."
+    )
+    columns = st.columns(len(collectives))
+    for column, (prefix, (nbytes, time_s)) in zip(columns, collectives.items(), strict=True):
+        name = COLLECTIVES[prefix]
+        rate = derive.collective_bandwidth(nbytes.frame, time_s.frame)
+        if rate["value"].notna().any():
+            title = f"{name[0].upper()}{name[1:]} bandwidth per rank"
+            column.altair_chart(charts.rank_mean_bar(rate, "bandwidth (GB/s)", title=title))
+        else:
+            mb = nbytes.frame.assign(value=nbytes.frame["value"] / BYTES_PER_MB)
+            title = f"{name[0].upper()}{name[1:]} traffic per rank"
+            column.altair_chart(charts.rank_mean_bar(mb, "MB per step", title=title))

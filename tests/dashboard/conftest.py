@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,12 +27,17 @@ def unused_url() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
+# An answer: (status, JSON body or raw bytes), or a function of the query parameters
+# returning one (e.g. a per-metric grid).
+Answer = tuple[int, Any] | Callable[[dict[str, str]], tuple[int, Any]]
+
+
 @dataclass
 class CannedCollector:
     """An HTTP server answering GET path -> (status, JSON body or raw bytes)."""
 
     url: str
-    routes: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    routes: dict[str, Answer] = field(default_factory=dict)
     # (path, query parameters) of every request, in arrival order.
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
 
@@ -43,7 +48,8 @@ def _handler(canned: CannedCollector) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             query = {k: v[0] for k, v in parse_qs(parts.query).items()}
             canned.requests.append((parts.path, query))
-            status, body = canned.routes.get(parts.path, (404, {"detail": "not found"}))
+            answer = canned.routes.get(parts.path, (404, {"detail": "not found"}))
+            status, body = answer(query) if callable(answer) else answer
             raw = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.dashboard.canned import canned_run
 from trainvitals.dashboard.app import URL_ENV_VAR, collector_url, count_label
+from trainvitals.dashboard.charts import INVALID_CELL_COLOR
 from trainvitals.dashboard.launch import APP_PATH
 from trainvitals.dashboard.state import (
     JUMP_WIDTH_STEPS,
@@ -97,16 +98,23 @@ def test_layers_view_of_a_real_run(monkeypatch, collector_with_run) -> None:
     specs = chart_specs(at)
     assert specs
     assert all(y_fields(s) == {"layer_name"} for s in specs)
-    n_cells = (run["last_step"] + 1) * len(run["layer_names"])
-    assert all(rows == n_cells for rows in chart_rows(at))
     headings = [h.value for h in at.subheader]
     assert headings[:2] == ["Gradient L2 norm per layer", "Activation RMS per layer"]
-    reported = [
-        any(api(collector_with_run, f"/runs/{run['run_id']}/layers", metric=m)["value"])
+    grids = [
+        api(collector_with_run, f"/runs/{run['run_id']}/layers", metric=m)["value"]
         for m in ("grad_norm", "act_rms", "update_rms")
     ]
+    reported = [any(values) for values in grids]
     assert len(specs) == sum(reported)  # a heatmap per reported metric, a message otherwise
     assert len(at.info) == 3 - sum(reported)
+    # A healthy run: every cell measured is drawn, and none is non-finite (red). The update
+    # RMS of the first step, which no optimizer step precedes, is blank, not red.
+    n_cells = (run["last_step"] + 1) * len(run["layer_names"])
+    measured = [sum(v is not None for v in values) for values in grids if any(values)]
+    assert chart_rows(at) == measured
+    assert measured[0] == n_cells
+    jumps = [c.value for c in at.caption if c.value.startswith("Earliest jump")]
+    assert not any("non-finite" in jump for jump in jumps)
 
 
 def test_ranks_view_of_a_real_run(monkeypatch, collector_with_run) -> None:
@@ -119,7 +127,17 @@ def test_ranks_view_of_a_real_run(monkeypatch, collector_with_run) -> None:
     [slowest] = at.dataframe
     assert sorted(slowest.value["rank"]) == list(range(run["world_size"]))
     assert slowest.value["behind_s"].is_monotonic_decreasing
-    assert "Not measured yet" in texts(at.info)  # collective bandwidth
+    # Collective traffic: a chart per collective the run reported, else a message.
+    reported = [
+        kind
+        for kind in ("all_gather", "reduce_scatter", "all_reduce")
+        if any(
+            api(collector_with_run, f"/runs/{run['run_id']}/ranks", metric=f"{kind}_bytes")["value"]
+        )
+    ]
+    collective_charts = {t for t in titles(at) if "bandwidth per rank" in t or "traffic per" in t}
+    assert len(collective_charts) == len(reported)
+    assert ("did not report its collectives" in texts(at.info)) == (not reported)
 
 
 def test_health_view_of_a_real_run(monkeypatch, collector_with_run) -> None:
@@ -289,6 +307,153 @@ def test_a_replaying_collector_is_said_to_be_and_a_live_one_refreshes(
     canned_collector.routes["/healthz"] = (200, {"status": "ok", "replay": True})
     at = at.run()
     assert "Replay: a stored run" in texts(at.sidebar.caption)
+
+
+def layer_answers(values: dict[str, list[float | None]], n_layers: int = 2):
+    """A layers route answering each metric with its values, step by step (layer 0, 1, ...);
+    a metric not in `values` comes back null, as from a run that did not report it."""
+    n_cells = len(next(iter(values.values())))
+
+    def answer(query: dict[str, str]) -> tuple[int, dict]:
+        return 200, {
+            "layer_names": ["emb", "out"][:n_layers],
+            "bucket_steps": 1,
+            "step": [i // n_layers for i in range(n_cells)],
+            "layer": [i % n_layers for i in range(n_cells)],
+            "value": values.get(query["metric"], [None] * n_cells),
+        }
+
+    return answer
+
+
+def chart_data(at: AppTest, title: str | None = None) -> list[tuple[dict, dict[str, list]]]:
+    """(spec, {dataset name: rows}) of every chart on the page, or of those titled `title`."""
+    out = []
+    for chart in at.get("vega_lite_chart"):
+        spec = json.loads(chart.proto.spec)
+        if title is None or spec.get("title") == title:
+            data = {
+                d.name: pa.ipc.open_stream(d.data.data).read_all().to_pylist()
+                for d in chart.proto.datasets
+            }
+            out.append((spec, data))
+    return out
+
+
+def heatmap_cells(at: AppTest) -> list[tuple[int, int]]:
+    """Per heatmap on the page: (cells drawn in colour, cells drawn red)."""
+    out = []
+    for spec, data in chart_data(at):
+        layers = spec.get("layer", [spec])
+        red = [lay for lay in layers if lay["mark"].get("color") == INVALID_CELL_COLOR]
+        n_red = sum(len(data[lay["data"]["name"]]) for lay in red)
+        out.append((sum(map(len, data.values())) - n_red, n_red))
+    return out
+
+
+def test_layers_of_a_clean_run_show_no_non_finite_update_at_its_first_step(
+    monkeypatch, canned_collector
+) -> None:
+    # Update RMS is null at step 0: no optimizer step precedes the run's first step.
+    canned_run(canned_collector, n_steps=3)
+    canned_collector.routes["/api/v1/runs/r1/layers"] = layer_answers(
+        {"grad_norm": [1.0] * 6, "act_rms": [1.0] * 6, "update_rms": [None, None] + [1e-3] * 4}
+    )
+    at = run_app(monkeypatch, canned_collector.url, view="Layers")
+    assert not at.exception
+    assert heatmap_cells(at) == [(6, 0), (6, 0), (4, 0)]  # step 0 of the update: blank
+    assert not any("Earliest jump" in c.value for c in at.caption)
+
+
+def test_layers_show_a_non_finite_gradient_and_its_update_in_red(
+    monkeypatch, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=3)
+    canned_collector.routes["/api/v1/runs/r1/layers"] = layer_answers(
+        {
+            "grad_norm": [1.0, 1.0, 1.0, None, 1.0, 1.0],  # NaN at step 1, layer "out"
+            "act_rms": [1.0] * 6,
+            "update_rms": [None, None, 1e-3, None, 1e-3, 1e-3],
+        }
+    )
+    at = run_app(monkeypatch, canned_collector.url, view="Layers")
+    assert not at.exception
+    assert heatmap_cells(at) == [(5, 1), (6, 0), (3, 1)]
+    jumps = [c.value for c in at.caption if "Earliest jump" in c.value]
+    assert jumps == ["Earliest jump: **out** at step 1, non-finite."] * 2
+
+
+def test_layers_of_a_run_non_finite_everywhere_are_red_not_missing(
+    monkeypatch, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=3)
+    canned_collector.routes["/api/v1/runs/r1/layers"] = layer_answers(
+        {"grad_norm": [None] * 6, "act_rms": [None] * 6}  # NaN everywhere; no update RMS
+    )
+    at = run_app(monkeypatch, canned_collector.url, view="Layers")
+    assert not at.exception
+    assert "No per-layer statistics" not in texts(at.info)
+    assert heatmap_cells(at) == [(0, 6), (0, 6)]
+    assert "did not report the update RMS" in texts(at.info)
+
+
+def test_energy_and_tokens_per_joule_after_a_resume_that_restarted_the_counter(
+    monkeypatch, canned_collector
+) -> None:
+    # 500 W, 100 tokens a step; the counter restarted from 0 when the run resumed at
+    # step 20. The run used 40 x 500 J = 20 kJ for 4,000 tokens.
+    canned_run(canned_collector, n_steps=40)
+    columns = canned_collector.routes["/api/v1/runs/r1/steps"][1]["columns"]
+    columns["tokens"] = [100] * 40
+    columns["power_w"] = [500.0] * 40
+    columns["energy_j"] = [500.0 * (s + 1 if s < 20 else s - 19) for s in range(40)]
+    at = run_app(monkeypatch, canned_collector.url)
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["energy so far (kWh)"] == f"{20_000 / 3.6e6:.4g}"
+    assert metrics["tokens per joule"] == "0.2"
+    [(_, energy)] = chart_data(at, "Energy so far")
+    [curve] = energy.values()
+    kwh = [row["energy_kwh"] for row in curve]
+    assert kwh == sorted(kwh)  # no drop to zero at the restart
+    assert kwh[-1] == pytest.approx(20_000 / 3.6e6)
+
+
+def rank_answers(values: dict[str, list[float | None]], n_ranks: int = 2):
+    """A ranks route answering each metric with one bucket per rank (the window's mean);
+    a metric not in `values` comes back null."""
+
+    def answer(query: dict[str, str]) -> tuple[int, dict]:
+        value = values.get(query["metric"], [None] * n_ranks)
+        return 200, {
+            "bucket_steps": 1,
+            "step": [0] * n_ranks,
+            "rank": list(range(n_ranks)),
+            "value": value,
+        }
+
+    return answer
+
+
+def test_ranks_view_shows_collective_bandwidth_and_traffic(monkeypatch, canned_collector) -> None:
+    canned_run(canned_collector, n_steps=3)
+    canned_collector.routes["/api/v1/runs/r1/ranks"] = rank_answers(
+        {
+            "compute_time_s": [1.0, 1.5],
+            "all_gather_bytes": [4e9, 4e9],
+            "all_gather_time_s": [2.0, 1.0],
+            "all_reduce_bytes": [16.0, 16.0],  # the backend did not time it
+        }
+    )
+    at = run_app(monkeypatch, canned_collector.url, view="Ranks")
+    assert not at.exception
+    assert "did not report its collectives" not in texts(at.info)
+    [(_, bandwidth)] = chart_data(at, "All-gather bandwidth per rank")
+    [bars] = [rows for rows in bandwidth.values() if "rank" in rows[0]]
+    assert [b["value"] for b in bars] == [2.0, 4.0]  # GB/s: 4 GB in 2 s and in 1 s
+    charts_by_title = titles(at)
+    assert "All-reduce traffic per rank" in charts_by_title
+    assert "Reduce-scatter bandwidth per rank" not in charts_by_title
 
 
 # ------------------------------------------------------------------ helpers

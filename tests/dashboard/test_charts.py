@@ -84,3 +84,12 @@ def test_heatmap_steps_keep_wide_grids_within_the_cell_budget() -> None:
     assert charts.heatmap_steps(5) == charts.MAX_HEATMAP_STEPS
     assert charts.heatmap_steps(1024) * 1024 <= charts.MAX_HEATMAP_CELLS
     assert charts.heatmap_steps(10**6) == 1
+
+
+def test_layer_heatmap_leaves_a_value_never_measured_blank_and_a_non_finite_one_red() -> None:
+    # Update RMS: layer "out" was never measured at step 0, "h0" non-finite.
+    frame = layer_frame([math.nan, 1e-3, math.nan]).assign(nonfinite=[False, False, True])
+    spec = charts.layer_heatmap(frame, 1, "update RMS").to_dict()
+    valid, invalid = spec["layer"]
+    assert [c["layer_name"] for c in spec["datasets"][invalid["data"]["name"]]] == ["h0"]
+    assert [c["layer_name"] for c in spec["datasets"][valid["data"]["name"]]] == ["emb"]

@@ -55,6 +55,73 @@ def test_rank_costs_rank_the_straggler_first_with_its_excess() -> None:
     assert costs["mean_s"][0] == 1.5
 
 
+def logged_every(interval: int, bucket_steps: int, n_steps: int) -> pd.DataFrame:
+    """Bucket means as the collector serves them for a run logged every `interval` steps:
+    rank 1 is 0.5 s slower than ranks 0 and 2 at every step; buckets without a logged
+    step are absent."""
+    starts = sorted({s // bucket_steps * bucket_steps for s in range(0, n_steps, interval)})
+    return grid([(s, r, 1.5 if r == 1 else 1.0) for s in starts for r in range(3)])
+
+
+@pytest.mark.parametrize("bucket_steps", [1, 4, 10, 25])
+def test_rank_costs_count_every_step_whatever_the_bucket_and_logging_interval(
+    bucket_steps: int,
+) -> None:
+    # 1,000 steps logged every 10th: rank 1 costs 0.5 s x 1,000 steps. A bucket narrower
+    # than the interval holds one logged step, which stands for the 10 steps since the
+    # previous one (the bucket mean x bucket_steps counted 1 or 4 of them).
+    costs = derive.rank_costs(logged_every(10, bucket_steps, 1000), bucket_steps)
+    assert costs["rank"][0] == 1
+    assert costs["behind_s"][0] == pytest.approx(500.0, rel=0.01)
+
+
+def test_steps_covered_by_each_bucket() -> None:
+    # Buckets of 4 steps, a row every 10th step: buckets 0, 8, 20, 28 hold one each.
+    covered = derive.steps_covered(pd.Series([0, 8, 20, 28, 28]), bucket_steps=4)
+    assert covered.to_dict() == {0: 8.0, 8: 8.0, 20: 12.0, 28: 8.0}  # 0: the others' median
+    assert derive.steps_covered(pd.Series([5]), bucket_steps=4).to_dict() == {5: 4.0}
+
+
+def test_energy_so_far_continues_across_a_restart_over_the_same_span_as_tokens() -> None:
+    # 500 W, 1 s and 100 tokens a step, 40 steps; hooks of old restarted energy_j from 0
+    # when the run resumed at step 20. The run used 40 x 500 J: 0.2 tokens per joule.
+    energy_j = [500.0 * (s + 1 if s < 20 else s - 19) for s in range(40)]
+    steps = pd.DataFrame({"step": range(40), "tokens": [100.0] * 40, "energy_j": energy_j})
+    energy = derive.energy_so_far(steps, latest_energy_j=energy_j[-1])
+    assert energy.used_j == 20_000.0
+    assert energy.tokens_per_j == pytest.approx(0.2)
+    total = derive.continued_energy_j(steps["energy_j"])
+    assert total.is_monotonic_increasing
+    assert total[19:21].tolist() == [10_000.0, 10_500.0]
+
+
+def test_energy_so_far_of_cumulative_energy_and_of_too_few_readings() -> None:
+    steps = pd.DataFrame(
+        {"step": [0, 10, 20], "tokens": [100.0] * 3, "energy_j": [None, 1000.0, 2000.0]}
+    )
+    energy = derive.energy_so_far(steps, latest_energy_j=2000.0)
+    assert energy.used_j == 2000.0
+    assert energy.tokens_per_j == pytest.approx(1.0)  # 10 steps x 100 tokens / 1000 J
+    one = derive.energy_so_far(steps.head(2), latest_energy_j=math.nan)
+    assert one.used_j == 1000.0
+    assert math.isnan(one.tokens_per_j)
+    assert math.isnan(derive.energy_so_far(steps.head(1), math.nan).used_j)
+
+
+def test_continued_energy_of_a_window_counts_the_restarts_before_it() -> None:
+    earlier = pd.Series([1000.0, 2000.0, 100.0, 200.0])  # a restart after 2000 J
+    window = pd.Series([300.0, 50.0, 150.0], index=[7, 8, 9])  # and one inside the window
+    total = derive.continued_energy_j(window, earlier)
+    assert total.to_dict() == {7: 2300.0, 8: 2350.0, 9: 2450.0}
+
+
+def test_continued_energy_takes_a_second_fall_after_a_bucket_straddling_a_restart_as_one() -> None:
+    # Bucket means of 4 steps around a restart after 10 kJ: the bucket holding it mixes
+    # both sides (4083 J), and the next one (3750 J) falls below it again.
+    total = derive.continued_energy_j(pd.Series([7750.0, 4083.0, 3750.0, 6750.0]))
+    assert total.tolist() == [7750.0, 11833.0, 11500.0, 14500.0]
+
+
 def test_fingerprints_flag_the_rank_that_differs_and_buckets_without_majority() -> None:
     cells = [
         (0, 0, 7.0), (0, 1, 7.0), (0, 2, 7.0),  # all agree
@@ -91,6 +158,37 @@ def test_first_jump_counts_a_non_finite_cell() -> None:
         {"step": [0, 1, 2], "layer": [0, 0, 0], "layer_name": ["a"] * 3, "value": [1, None, 1]}
     ).astype({"value": "float64"})
     assert derive.first_jump(layers)["step"] == 1
+    assert derive.first_jump(layers.assign(nonfinite=[False, True, False]))["step"] == 1
+    assert derive.first_jump(layers.assign(nonfinite=False)) is None  # never measured
+
+
+def layer_grid(values: list[float | None]) -> pd.DataFrame:
+    """Two layers over len(values) // 2 steps, values step by step (layer 0, layer 1)."""
+    n = len(values) // 2
+    return pd.DataFrame(
+        {
+            "step": [s for s in range(n) for _ in range(2)],
+            "layer": [0, 1] * n,
+            "layer_name": ["emb", "out"] * n,
+            "value": values,
+        }
+    ).astype({"value": "float64"})
+
+
+def test_a_null_update_rms_is_not_measured_unless_the_gradients_were_non_finite() -> None:
+    # The first logged step has no optimizer step before it: no update RMS, finite
+    # gradients. At step 2 layer 1's gradients are NaN, and so is its update.
+    updates = layer_grid([None, None, 1e-3, 1e-3, 1e-3, None])
+    grads = layer_grid([1.0, 1.0, 1.0, 1.0, 1.0, None])
+    nonfinite = derive.nonfinite_cells(updates, null_is_nonfinite=False, grads=grads)
+    assert nonfinite.tolist() == [False, False, False, False, False, True]
+    jump = derive.first_jump(updates.assign(nonfinite=nonfinite))
+    assert (jump["step"], jump["layer_name"]) == (2, "out")
+    # The gradient norm is a required field: the store holds no null, a null is NaN/inf.
+    assert derive.nonfinite_cells(grads, null_is_nonfinite=True, grads=grads).tolist()[-1]
+    # A run that never reported the update RMS: nothing in it is non-finite.
+    unreported = layer_grid([None] * 6)
+    assert not derive.nonfinite_cells(unreported, False, grads).any()
 
 
 def test_first_alert_after_each_fault_and_its_delay() -> None:

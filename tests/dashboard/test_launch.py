@@ -15,7 +15,9 @@ import httpx
 import pytest
 
 from tests.conftest import wait_until
+from trainvitals.collector.export import export_store
 from trainvitals.collector.store import Store
+from trainvitals.dashboard import launch
 from trainvitals.dashboard.launch import APP_PATH, dashboard_command
 
 STARTUP_TIMEOUT_S = 90
@@ -48,11 +50,18 @@ def stored_run(path: Path) -> Path:
     return path
 
 
+def exported_run(path: Path) -> Path:
+    """A Parquet export (`trainvitals export`) of `stored_run`: what `collector --replay` serves."""
+    export_store(str(stored_run(path.with_suffix(".duckdb"))), str(path))
+    return path
+
+
+@pytest.mark.parametrize("make_store", [stored_run, exported_run], ids=["duckdb", "export"])
 def test_replay_serves_a_store_and_ctrl_c_stops_collector_and_dashboard(
-    tmp_path: Path, free_tcp_port: int
+    tmp_path: Path, free_tcp_port: int, make_store
 ) -> None:
     log = tmp_path / "replay.log"
-    store = stored_run(tmp_path / "run.duckdb")
+    store = make_store(tmp_path / "run")
     argv = [sys.executable, "-m", "trainvitals", "dashboard", "--store", str(store)]
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -78,6 +87,23 @@ def test_replay_serves_a_store_and_ctrl_c_stops_collector_and_dashboard(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert "Traceback" not in log.read_text()
+
+
+def test_replay_checks_its_flags_before_it_starts_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_child(*args, **kwargs):
+        raise AssertionError(f"started {args[0]} despite a bad flag")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_child)
+    store = stored_run(tmp_path / "run.duckdb")
+    with pytest.raises(ValueError, match="got 99999"):
+        launch.run_replay(store, port=99999)
+    with pytest.raises(ValueError, match="does not exist"):
+        launch.run_replay(tmp_path / "missing.duckdb")
+    with pytest.raises(ValueError, match="not a trainvitals export"):
+        launch.run_replay(tmp_path)  # a folder, but no table folder in it
+    assert launch.check_store(exported_run(tmp_path / "exp")) == tmp_path / "exp"
 
 
 def test_sigterm_to_the_command_stops_the_streamlit_it_started(
