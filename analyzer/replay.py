@@ -7,6 +7,11 @@ store. Detectors judge each step on that step's rows and on telemetry timestamps
 the alerts come out identical; `compare` checks that against the alerts the collector
 stored. `store_goodput` adds each run's goodput (goodput.py).
 
+`trainvitals replay` reads through the collector's read-only Store (collector/store.py),
+as `collector --replay` does: a DuckDB store or a Parquet export folder, of this version
+or an older one (columns and tables it lacks read as empty). `check_source` first refuses
+anything else with one line, rather than replaying it as an empty store.
+
 Cost: three range scans per window (DuckDB prunes row groups by step) and one numpy
 conversion per column; detectors then work on per-step slices (bench/replay_speed.py).
 """
@@ -14,17 +19,65 @@ conversion per column; detectors then work on per-step slices (bench/replay_spee
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from trainvitals.schema import LAYERS, RANKS, RUNS, STEPS
+from trainvitals.schema import LAYERS, RANKS, RUNS, STEPS, STORE_TABLES
 
 from .alerts import Alert
 from .engine import Analyzer
 from .goodput import Goodput, goodput
 
 CHUNK_STEPS = 10_000  # steps per read: bounded memory on a run of any length
+
+
+def check_source(path: Path) -> bool:
+    """ValueError unless `path` is a trainvitals DuckDB store or export folder; returns
+    whether it can hold the collector's live alerts to compare with.
+
+    A store written before the collector stored alerts has no alerts table: there is
+    nothing to compare with. An export has no alerts folder when the run raised none
+    (`trainvitals export` writes no empty folders), so an export always compares.
+    """
+    from trainvitals.collector.export import is_export  # the collector imports the analyzer
+
+    if path.is_dir():
+        if not is_export(path):
+            raise ValueError(
+                f"{path} is not a trainvitals export: no table folder ({', '.join(STORE_TABLES)})"
+            )
+        return True
+    if not path.is_file():
+        raise ValueError(f"cannot open {path}: no such file or directory")
+    columns = _stored_columns(path)
+    if not {"run_id", "step"} <= columns.get("steps", set()):
+        found = ", ".join(sorted(columns)) or "none"
+        raise ValueError(
+            f"{path} is not a trainvitals store: it has no steps table with run_id and step "
+            f"columns (its tables: {found})"
+        )
+    return "alerts" in columns
+
+
+def _stored_columns(path: Path) -> dict[str, set[str]]:
+    """Table name -> column names of a DuckDB file, opened read-only for a moment."""
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error as e:  # not a DuckDB file, or one another process writes to
+        raise ValueError(f"cannot open {path} read-only: {e}") from e
+    try:
+        rows = con.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() "
+            "WHERE database_name = current_database() AND schema_name = 'main'"
+        ).fetchall()
+    finally:
+        con.close()
+    columns: dict[str, set[str]] = {}
+    for table, column in rows:
+        columns.setdefault(table, set()).add(column)
+    return columns
 
 
 def _columns(table: Any) -> str:

@@ -76,6 +76,18 @@ PLAN = ["plan", "--tokens", "1e12", "--gpu", "H100", "--count", "8"]
         ([*SIM, "--out", "{out}", "--start-unix-s", "nan"], "start_unix_s must be a finite"),
         ([*SIM[:-1], "inf", "--out", "{out}"], "step_time_s must be in"),
         ([*SIM, "--out", "{out}", "--run-id", "r" * 201], "run_id 'rrrr"),
+        (
+            [*SIM, "--out", "{out}", "--fault", "stall:step=1,seconds=inf"],
+            "fault 'stall:step=1,seconds=inf': seconds must be in (0, 604800] (a week), got inf",
+        ),
+        (
+            [*SIM, "--out", "{out}", "--fault", "spike:step=1,factor=1e308"],
+            "fault 'spike:step=1,factor=1e308': factor must be in (1, 1000], got 1e+308",
+        ),
+        (
+            [*SIM, "--out", "{out}", "--fault", "straggler:rank=1,step=100,slowdown=0.2"],
+            "fault straggler: step 100 >= steps (2); the run's last step is 1",
+        ),
         (["train", "--steps", "1", "--inject", "nan:step=inf"], "step must be a whole number"),
         (["train", "--steps", "1", "--inject", "nan:step=1e400"], "step must be a whole number"),
         (
@@ -127,3 +139,30 @@ def test_collector_replay_names_its_store(tmp_path) -> None:
     assert r.returncode != 0 and r.stderr.strip() == (
         "error: name the store once: --replay STORE, or --store STORE --replay"
     )
+
+
+def test_simulate_writes_out_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
+    """Stopped half-way (Ctrl-C, an error), `simulate --out` leaves the file as it was."""
+    from trainvitals import cli
+    from trainvitals import simulate as sim
+
+    out = tmp_path / "sim.jsonl"
+    out.write_bytes(b"an earlier run\n")
+    whole = sim.simulate
+
+    def interrupted(spec, per_node=False):
+        docs = whole(spec, per_node=per_node)
+        yield next(docs)
+        yield next(docs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim, "simulate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main([*SIM, "--out", str(out)])
+    assert out.read_bytes() == b"an earlier run\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["sim.jsonl"]  # no partial file left
+    monkeypatch.setattr(sim, "simulate", whole)
+    with pytest.raises(SystemExit) as done:
+        cli.main([*SIM, "--out", str(out)])
+    assert done.value.code == 0 and len(out.read_bytes().splitlines()) == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["sim.jsonl"]

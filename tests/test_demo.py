@@ -9,6 +9,7 @@ from pathlib import Path
 
 import duckdb
 import httpx
+import pytest
 
 from tests.conftest import free_port, wait_until
 
@@ -65,3 +66,75 @@ def test_demo_refuses_a_busy_collector_port_and_trains_nothing(collector, tmp_pa
     )
     assert not (store.parent / "train.log").exists()
     assert httpx.get(f"{collector.url}/api/v1/runs", timeout=5).json() == []
+
+
+def _running(marker: str) -> list[str]:
+    """Command lines of the live processes whose command line holds `marker`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # it exited meanwhile
+            continue
+        if marker in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_sigterm_stops_the_demo_and_every_child_as_ctrl_c_does(tmp_path: Path) -> None:
+    """A process manager's SIGTERM reaches the demo alone (its children run in sessions of
+    their own): it must stop the collector, `trainvitals train`, torchrun and the ranks."""
+    store = tmp_path / "demo.duckdb"
+    cport = free_port()
+    collector = f"http://127.0.0.1:{cport}"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "trainvitals", "demo", "--store", str(store), "--steps", "400",
+         "--collector-port", str(cport), "--no-dashboard"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+
+        def training() -> bool:
+            if not _answers(f"{collector}/healthz"):
+                return False
+            runs = httpx.get(f"{collector}/api/v1/runs", timeout=5).json()
+            return bool(runs) and (runs[0]["last_step"] or 0) >= 1
+
+        wait_until(training, timeout_s=120, interval_s=0.5)
+        # trainvitals train, torchrun and 4 ranks name the collector's URL
+        assert len(_running(collector)) >= 6, _running(collector)
+        demo.send_signal(signal.SIGTERM)
+        output, _ = demo.communicate(timeout=90)
+    finally:
+        demo.kill()
+    assert demo.returncode == 0 and "stopping" in output, output
+    assert not _answers(f"{collector}/healthz")
+    wait_until(lambda: not _running(collector) and not _running(str(store)), timeout_s=30)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--steps", "0"], "error: TrainConfig.steps must be >= 1, got 0"),
+        (["--steps", "-5"], "error: TrainConfig.steps must be >= 1, got -5"),
+        (
+            ["--dashboard-port", "{cport}"],
+            "error: --dashboard-port must differ from --collector-port",
+        ),
+    ],
+)
+def test_demo_checks_its_flags_before_starting_anything(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    store = tmp_path / "demo" / "demo.duckdb"
+    cport = str(free_port())
+    demo = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "demo", "--store", str(store),
+         "--collector-port", cport, *(f.format(cport=cport) for f in flags)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert demo.returncode == 2 and demo.stdout == ""
+    assert demo.stderr.strip() == message
+    assert not store.parent.exists()  # nothing started, nothing written

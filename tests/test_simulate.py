@@ -47,7 +47,11 @@ def test_parse_fault_reads_every_kind_with_defaults() -> None:
         ("straggler:rank=1,step=2,slowdown=fast", "slowdown must be a number"),
         ("straggler:rank=1,step=2,slowdown=0", r"slowdown must be in \(0, 10\]"),
         ("sdc:rank=-1,step=2", "step and rank must be >= 0"),
-        ("stall:step=2,seconds=-1", "seconds must be > 0"),
+        ("stall:step=2,seconds=-1", r"seconds must be in \(0, 604800\] \(a week\), got -1"),
+        ("stall:step=2,seconds=inf", r"seconds must be in \(0, 604800\] \(a week\), got inf"),
+        ("stall:step=2,seconds=nan", r"seconds must be in \(0, 604800\]"),
+        ("spike:step=5,factor=1e308", r"factor must be in \(1, 1000\], got 1e\+308"),
+        ("sdc:rank=1,step=2,grad_factor=inf", r"grad_factor must be in \(1, 1e6\], got inf"),
         ("throttle:rank=0,step=1,clock_drop=1.5", "clock_drop must be in"),
     ],
 )
@@ -68,6 +72,10 @@ def test_bad_fault_specs_say_what_is_wrong(spec: str, message: str) -> None:
         ({"run_id": "r" * 201}, "run_id 'rrrr"),
         ({"log_every": 3, "canary_every": 10}, "multiple of log_every"),
         ({"faults": ("sdc:rank=16,step=1",)}, r"rank 16 >= ranks \(16\)"),
+        (
+            {"faults": ("straggler:rank=1,step=20,slowdown=0.2",)},
+            r"fault straggler: step 20 >= steps \(20\); the run's last step is 19",
+        ),
     ],
 )
 def test_bad_fleet_specs_name_the_field(change: dict, message: str) -> None:
@@ -197,3 +205,71 @@ def test_cli_writes_json_lines_and_refuses_bad_faults(tmp_path) -> None:
         timeout=120,
     )
     assert bad.returncode != 0 and "unexpected 'when=2'" in bad.stderr
+
+
+def test_the_largest_fault_values_allowed_simulate_finite_telemetry() -> None:
+    faults = (
+        "stall:step=3,seconds=604800",
+        "spike:step=5,factor=1000",
+        "sdc:rank=1,step=6,grad_factor=1e6",
+    )
+    docs = _docs(faults=faults)
+    times = _column(docs, "steps", "time_unix_s")
+    assert times[4] - times[2] > 604800 and np.isfinite(_column(docs, "steps", "grad_norm")).all()
+
+
+def _seconds_per_step(docs: list[dict]) -> float:
+    """Wall time (goodput.py's: from the start of the first logged step to the end of the
+    last) over the steps it spans."""
+    steps, times = _column(docs, "steps", "step"), _column(docs, "steps", "time_unix_s")
+    wall = times[-1] - (times[0] - _column(docs, "steps", "step_time_s")[0])
+    return wall / (steps[-1] - steps[0] + 1)
+
+
+def test_steps_that_are_not_logged_take_the_time_a_logged_step_takes() -> None:
+    """With a straggler, every step is slower, logged or not: the time per step does not
+    depend on log_every (before, unlogged steps took the nominal step time)."""
+    kw = {"steps": 200, "faults": ("straggler:rank=3,step=0,slowdown=0.5",)}
+    every, tenth = _docs(**kw), _docs(log_every=10, **kw)
+    step_time = float(np.median(_column(every, "steps", "step_time_s")))
+    assert step_time == pytest.approx(0.5 * (0.01 + 0.85 * 1.5 + 0.14), rel=0.02)
+    assert _seconds_per_step(every) == pytest.approx(step_time, rel=0.01)
+    assert _seconds_per_step(tenth) == pytest.approx(step_time, rel=0.01)
+    clean = _docs(steps=200, log_every=10)  # unlogged steps: the noise of logged ones
+    median = float(np.median(_column(clean, "steps", "step_time_s")))
+    assert _seconds_per_step(clean) == pytest.approx(median, rel=0.01)
+    throttled = _docs(log_every=10, steps=200, faults=("throttle:rank=2,step=0,clock_drop=0.5",))
+    assert _seconds_per_step(throttled) > 1.5 * _seconds_per_step(clean)
+
+
+def test_a_nan_on_a_step_that_is_not_logged_shows_on_the_next_logged_one() -> None:
+    """As the hooks report it: steps.nonfinite_steps, layers.act_nonfinite_steps and a NaN
+    act_max_abs on the layers it reached, at the next logged step (15 -> 20)."""
+    docs = _docs(steps=40, log_every=10, canary_every=10, faults=("nan:step=15",))
+    by_step = {d["steps"]["step"][0]: d for d in docs if "steps" in d}
+    assert [by_step[s]["steps"]["nonfinite_steps"][0] for s in (0, 10, 20, 30)] == [0, 0, 1, 0]
+    at_20 = by_step[20]["layers"]
+    assert at_20["act_nonfinite_steps"].tolist() == [0, 0, 1, 1]
+    assert np.isnan(at_20["act_max_abs"][2:]).all() and np.isfinite(at_20["act_max_abs"][:2]).all()
+    assert math.isfinite(by_step[20]["steps"]["loss"][0])  # the loop went on past it
+    for s in (10, 30):
+        assert np.isfinite(by_step[s]["layers"]["act_max_abs"]).all()
+        assert by_step[s]["layers"]["act_nonfinite_steps"].tolist() == [0, 0, 0, 0]
+    _, tables = to_arrow(by_step[20])  # the schema takes it
+    assert tables["steps"].column("nonfinite_steps").to_pylist() == [1]
+
+
+def test_a_nan_on_a_logged_step_counts_that_step_too() -> None:
+    (doc,) = [
+        d for d in _docs(faults=("nan:step=5",)) if "steps" in d and d["steps"]["step"][0] == 5
+    ]
+    assert doc["steps"]["nonfinite_steps"].tolist() == [1]
+    assert doc["layers"]["act_nonfinite_steps"].tolist() == [0, 0, 1, 1]
+    assert (
+        doc["layers"]["act_nonfinite_count"][2:].min() > 0
+        and np.isnan(doc["layers"]["act_rms"][2:]).all()
+    )
+    assert (
+        doc["steps"]["nonfinite_count"][0]
+        == doc["layers"]["nonfinite_count"].sum() + doc["layers"]["act_nonfinite_count"].sum()
+    )

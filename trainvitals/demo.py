@@ -1,8 +1,9 @@
 """`trainvitals demo`: the whole stack on one machine, no GPU needed.
 
 Starts a collector, the dashboard and a 4-rank CPU training run (dp=2 x tp=2) that reports
-to the collector, prints where to look, and on Ctrl-C stops everything: the trainer first,
-the collector last, so that it writes what it has accepted.
+to the collector, prints where to look, and on Ctrl-C (or SIGTERM, SIGHUP) stops everything:
+the trainer first, the collector last, so that it writes what it has accepted. Its flags
+are checked, the trainer's included, before anything starts.
 """
 
 from __future__ import annotations
@@ -88,7 +89,38 @@ def _summary(collector_url: str) -> str:
     return f"run {run['run_id']}: {run['last_step'] + 1} steps stored, {len(alerts)} alerts"
 
 
+DP, TP = 2, 2  # the training run's mesh: 4 CPU ranks
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # handled as Ctrl-C is
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the flag, before anything starts: a demo that would fail half-way
+    (a training run refused after the collector came up) starts nothing instead."""
+    from trainvitals.trainer.config import TrainConfig
+
+    # The trainer's own check of its flags, as `trainvitals train` makes it.
+    TrainConfig(steps=args.steps, dp=DP, tp=TP, collector=f"http://127.0.0.1:{args.collector_port}")
+    if Path(args.store).is_dir():
+        raise ValueError(f"--store {args.store} is a folder; name a DuckDB file")
+    check_port_free("--collector-port", args.collector_port)
+    if not args.no_dashboard:
+        if args.dashboard_port == args.collector_port:
+            raise ValueError("--dashboard-port must differ from --collector-port")
+        check_port_free("--dashboard-port", args.dashboard_port)
+
+
+def _as_ctrl_c(_signum: int, _frame: object) -> None:
+    # The children run in sessions of their own, so a process manager's SIGTERM (or a
+    # closed terminal's SIGHUP) reaches us alone: stop them as Ctrl-C does.
+    raise KeyboardInterrupt
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    try:
+        check_flags(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     store = Path(args.store)
     store.parent.mkdir(parents=True, exist_ok=True)
     logs = store.parent
@@ -96,15 +128,9 @@ def run_demo(args: argparse.Namespace) -> int:
     me = [sys.executable, "-m", "trainvitals"]
     # The demo's undelivered telemetry (if any) stays beside its store.
     os.environ.setdefault("TRAINVITALS_SPOOL_DIR", str(store.parent / "spool"))
-    try:
-        check_port_free("--collector-port", args.collector_port)
-        if not args.no_dashboard:
-            check_port_free("--dashboard-port", args.dashboard_port)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     procs: list[subprocess.Popen] = []
     trainer = None
+    previous = {sig: signal.signal(sig, _as_ctrl_c) for sig in STOP_SIGNALS}
     try:
         collector = _spawn(
             [*me, "collector", "--store", str(store), "--port", str(args.collector_port)],
@@ -128,24 +154,20 @@ def run_demo(args: argparse.Namespace) -> int:
             procs.append(dashboard)
             wait_healthy(f"http://127.0.0.1:{args.dashboard_port}/_stcore/health", dashboard)
             print(f"dashboard  http://127.0.0.1:{args.dashboard_port}", flush=True)
-        print(
-            f"training   4 CPU ranks (dp=2 x tp=2), {args.steps} steps; logs in {logs}/", flush=True
-        )
+        ranks = f"{DP * TP} CPU ranks (dp={DP} x tp={TP})"
+        print(f"training   {ranks}, {args.steps} steps; logs in {logs}/", flush=True)
+        train = [
+            "--nproc",
+            str(DP * TP),
+            "--dp",
+            str(DP),
+            "--tp",
+            str(TP),
+            "--steps",
+            str(args.steps),
+        ]
         trainer = _spawn(
-            [
-                *me,
-                "train",
-                "--nproc",
-                "4",
-                "--dp",
-                "2",
-                "--tp",
-                "2",
-                "--steps",
-                str(args.steps),
-                "--collector",
-                collector_url,
-            ],
+            [*me, "train", *train, "--collector", collector_url],
             logs / "train.log",
         )
         code = _wait_trainer(trainer, collector)
@@ -167,6 +189,13 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"error: {e}; see the logs in {logs}/", file=sys.stderr)
         return 1
     finally:
+        # A second Ctrl-C or SIGTERM must not cut the stopping short and orphan a child.
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         _stop(trainer)
         for proc in reversed(procs):
             _stop(proc)
+        signal.signal(signal.SIGINT, interrupt)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 
 from trainvitals import checks
+from trainvitals.sender import post_batch
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
@@ -81,7 +83,7 @@ def export_batches(path: Path, batch_rows: int) -> Iterator[tuple[str, bytes]]:
 def _source(path: Path, batch_rows: int) -> tuple[Iterator[tuple[str, bytes]], str]:
     """The batches at `path` and their content type.
 
-    ValueError if it holds none we know; NothingToImport if it is a spool with no batches.
+    ValueError if it holds none we know; NothingToImport if it holds no batches.
     """
     from trainvitals.collector.export import is_export
 
@@ -92,14 +94,55 @@ def _source(path: Path, batch_rows: int) -> tuple[Iterator[tuple[str, bytes]], s
         if not files:
             raise NothingToImport(f"nothing to import: {path} holds no spooled batches")
         return _spooled(path, files), JSON
+    check_json_lines(path)
     return batches(path), JSON
+
+
+# Magic bytes of the files people mistake for telemetry files, and what to do instead.
+_NOT_JSON_LINES = (
+    (8, b"DUCK", "a DuckDB file; to load a collector's store, export it first "
+     "(`trainvitals export STORE OUT`) and import the folder OUT"),
+    (0, b"PAR1", "a Parquet file; import takes the folder `trainvitals export` writes"),
+    (0, b"\x1f\x8b", "gzip-compressed; decompress it first"),
+)  # fmt: skip
+
+
+def check_json_lines(path: Path) -> None:
+    """ValueError unless the file's first batch is a telemetry document as the hooks write
+    them (one JSON object per line, with schema_version and run_id); NothingToImport if it
+    holds none. Checked before anything is sent: a file of another kind would otherwise
+    go out line by line, every line rejected (each an alert at the collector)."""
+    with path.open("rb") as f:
+        head = f.read(16)
+        for offset, magic, what in _NOT_JSON_LINES:
+            if head[offset : offset + len(magic)] == magic:
+                raise ValueError(f"{path} is {what}")
+        f.seek(0)
+        first = next((line for line in f if line.strip()), None)
+    if first is None:
+        raise NothingToImport(f"nothing to import: {path} is empty")
+    expected = (
+        "expected a JSON-lines telemetry file (`--telemetry-file`: one JSON object per line, "
+        "with schema_version and run_id), a spool directory or an export folder"
+    )
+    if not first.lstrip().startswith(b"{"):
+        raise ValueError(f"{path} is not JSON lines: {expected}")
+    try:
+        doc = orjson.loads(first)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"{path}, line 1 is not JSON ({e}): {expected}") from None
+    if not isinstance(doc, dict) or not {"schema_version", "run_id"} <= doc.keys():
+        raise ValueError(f"{path}, line 1 is not a telemetry batch: {expected}")
 
 
 def run_import(path: Path, collector: str, token: str = "", batch_rows: int = 5000) -> int:
     """Send every batch at `path` to `collector`; return the exit status of `trainvitals import`.
 
     0: all stored, or nothing to do (a spool left empty once its batches were delivered);
-    1: some batches rejected, or the collector unreachable; 2: `path` missing or unreadable.
+    1: some batches rejected or not stored, or the collector unreachable; 2: `path`
+    missing, unreadable or of a kind import does not take (nothing is sent then).
+    A batch the collector cannot take now (a network error, 5xx, 408, 429) is resent with
+    the sender's back-off (sender.post_batch); one it refuses (4xx) is not.
     """
     checks.http_url("--collector", collector)  # ValueError, before anything is read
     if not path.exists():
@@ -117,32 +160,32 @@ def run_import(path: Path, collector: str, token: str = "", batch_rows: int = 50
     if token:
         headers["authorization"] = f"Bearer {token}"
     url = collector.rstrip("/") + "/api/v1/ingest"
-    stored = rejected = 0
+    stored = rejected = failed = 0
     with httpx.Client(timeout=30, headers=headers) as client:
         try:
             for where, body in source:
-                try:
-                    resp = client.post(url, content=body)
-                except httpx.HTTPError as e:
-                    print(f"error: cannot reach {url} ({e}); {stored} batches stored so far")
-                    return 1
-                if resp.status_code < 300:
+                posted = post_batch(client, url, body)
+                if posted.outcome == "ok":
                     stored += 1
-                else:
+                elif posted.status is None:  # no answer, even after retrying: stop here
+                    print(
+                        f"error: cannot reach {url} ({posted.reason}; {posted.retries + 1} "
+                        f"attempts); {stored} batches stored so far, {rejected + failed} not; "
+                        "importing again sends the rest (stored batches stay stored once)"
+                    )
+                    return 1
+                elif posted.outcome == "rejected":
                     rejected += 1
-                    print(f"{path}, {where}: rejected ({resp.status_code}): {_detail(resp)}")
+                    print(f"{path}, {where}: rejected ({posted.status}): {posted.reason}")
+                else:  # the collector kept failing on this batch: report it, go on
+                    failed += 1
+                    print(
+                        f"{path}, {where}: not stored after {posted.retries + 1} attempts "
+                        f"({posted.status}): {posted.reason}"
+                    )
         except ValueError as e:  # an export that cannot be read (damaged Parquet, ...)
             print(f"error: {e}; {stored} batches stored so far")
             return 2
-    print(f"{stored} batches stored, {rejected} rejected, from {path}")
-    return 1 if rejected else 0
-
-
-def _detail(resp: httpx.Response) -> str:
-    try:
-        doc = resp.json()
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict) and "detail" in doc:
-        return str(doc["detail"])
-    return resp.text or str(resp.status_code)
+    not_stored = f", {failed} not stored (the collector kept failing)" if failed else ""
+    print(f"{stored} batches stored, {rejected} rejected{not_stored}, from {path}")
+    return 1 if rejected or failed else 0

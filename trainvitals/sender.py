@@ -164,9 +164,9 @@ def send(
     def worker() -> None:
         with httpx.Client(timeout=timeout_s, headers=headers) as client:
             while (item := work.get()) is not _STOP:
-                result = _post(client, endpoint, item[0])
+                posted = post_batch(client, endpoint, item[0])
                 with lock:
-                    _account(report, item, result)
+                    _account(report, item, posted)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(connections)]
     for t in threads:
@@ -192,37 +192,71 @@ def send(
     return report
 
 
-def _post(client: Any, endpoint: str, body: bytes) -> tuple[str, float, int, str]:
-    """('ok' | 'rejected' | 'failed', seconds of the last attempt, retries, detail)."""
+@dataclass(frozen=True)
+class Posted:
+    """How one batch fared: `post_batch`'s answer."""
+
+    outcome: str  # 'ok'; 'rejected' (refused, resending cannot help); 'failed' (gave up)
+    seconds: float  # of the last attempt; 0 when it got no answer
+    retries: int
+    status: int | None = None  # of the last answer; None: no answer (a network error)
+    reason: str = ""  # the collector's detail, or the network error
+
+    @property
+    def detail(self) -> str:
+        return self.reason if self.status is None else f"{self.status}: {self.reason}"
+
+
+def retryable(status: int) -> bool:
+    """A status that a later resend can turn into a success: the collector failed or is
+    behind (5xx; 503 when its write queue is full), or timed out or throttled (408, 429)."""
+    return status >= 500 or status in (408, 429)
+
+
+def post_batch(client: Any, endpoint: str, body: bytes) -> Posted:
+    """POST one encoded batch; resend it after a back-off while the failure is one a resend
+    can cure (a network error, a retryable status), at most RETRY_LIMIT attempts in all
+    (about 30 s). The collector's keys make a resend of a stored batch a no-op."""
     import httpx
 
-    detail = ""
+    status, reason = None, ""
     for attempt in range(RETRY_LIMIT):
+        if attempt:
+            time.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)))  # the collector is behind: back off
         began = time.perf_counter()
         try:
             resp = client.post(endpoint, content=body)
         except httpx.HTTPError as e:
-            detail = str(e)
-        else:
-            took = time.perf_counter() - began
-            if resp.status_code < 300:
-                return "ok", took, attempt, ""
-            detail = f"{resp.status_code}: {resp.text}"
-            if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
-                return "rejected", took, attempt, detail
-        time.sleep(min(2.0, 0.05 * 2**attempt))  # the collector is behind: back off
-    return "failed", 0.0, RETRY_LIMIT, detail
+            status, reason = None, str(e) or type(e).__name__
+            continue
+        took = time.perf_counter() - began
+        if resp.status_code < 300:
+            return Posted("ok", took, attempt)
+        status, reason = resp.status_code, _reason(resp)
+        if not retryable(resp.status_code):
+            return Posted("rejected", took, attempt, status, reason)
+    return Posted("failed", 0.0, RETRY_LIMIT - 1, status, reason)
 
 
-def _account(report: SendReport, item: tuple, result: tuple[str, float, int, str]) -> None:
+def _reason(resp: Any) -> str:
+    """The collector's `detail`, else the body."""
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "detail" in doc:
+        return str(doc["detail"])
+    return resp.text or resp.reason_phrase
+
+
+def _account(report: SendReport, item: tuple, posted: Posted) -> None:
     body, n_rows, n_points = item
-    outcome, took, retries, detail = result
-    report.retries += retries
-    if outcome != "ok":
-        report.rejected.append(detail)
+    report.retries += posted.retries
+    if posted.outcome != "ok":
+        report.rejected.append(posted.detail)
         return
     report.batches += 1
     report.rows.update(n_rows)
     report.points += n_points
     report.bytes += len(body)
-    report.latencies_s.append(took)
+    report.latencies_s.append(posted.seconds)

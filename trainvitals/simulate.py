@@ -25,6 +25,9 @@ What it models, per logged step:
 - SDC canary fingerprints every `canary_every` steps (one value every healthy rank shares)
   and replica fingerprints per replica group (the ranks of one local rank index across
   nodes, as in HSDP: shard within a node, replicate across nodes).
+Steps between logged ones (`log_every` > 1) take their time too, from the same timing
+model (noise, slow devices, faults), and a NaN among them shows on the next logged step, in
+its non-finite step counters and activation maxima, as the hooks report it.
 
 Faults (`parse_fault`, the trainer's `--inject` syntax) change those values from their step
 on, and each is recorded as an `events` row `fault:<kind>` (rank, step, detail JSON): the
@@ -53,10 +56,14 @@ FAULTS: dict[str, tuple[set[str], dict[str, float]]] = {
     "sdc": ({"rank", "step"}, {"grad_factor": 30.0}),
     # the loss jumps to `factor` x its curve at `step` and recovers over a few steps
     "spike": ({"step"}, {"factor": 3.0}),
-    # loss, gradient norms and the second half of the layers' gradients are NaN at `step`
+    # a NaN born in the forward of layer L/2 at `step`: the outputs of that layer and every
+    # later one, the loss, gradient norms and those layers' gradients are NaN. On a step
+    # that is not logged it shows on the next logged one, in its non-finite step counters
+    # and activation maxima, as with the hooks
     "nan": ({"step"}, {}),
-    # `step` takes `seconds` longer: on `rank` (its data loading; the others wait for it),
-    # or on every rank when no rank is given (a shared filesystem, a checkpoint)
+    # `step` takes `seconds` longer (at most a week): on `rank` (its data loading; the
+    # others wait for it), or on every rank when no rank is given (a shared filesystem, a
+    # checkpoint)
     "stall": ({"step", "seconds"}, {"rank": -1}),
     # from `step` on the rank's SM clock is `clock_drop` lower (so it computes slower) and
     # NVML reports `reasons` (default 0x20, software thermal slowdown)
@@ -122,17 +129,22 @@ def parse_fault(spec: str) -> Fault:
     return Fault(kind, step, rank, params)
 
 
+# Parameter -> (low, high, the range in words): low < value <= high. Finite and bounded, so
+# that no value overflows: a spike's factor is squared into the gradient norms, and a
+# stall's seconds advance the clock that the daily drift takes the sine of.
+FAULT_LIMITS = {
+    "slowdown": (0, 10, "in (0, 10]"),
+    "grad_factor": (1, 1e6, "in (1, 1e6]"),
+    "factor": (1, 1e3, "in (1, 1000]"),
+    "seconds": (0, 7 * 86_400, "in (0, 604800] (a week)"),
+    "clock_drop": (0, 0.99, "in (0, 0.99]"),
+    "reasons": (0, 2**32 - 1, "a bitmask in [1, 2^32)"),
+}
+
+
 def _check_range(spec: str, p: dict[str, float]) -> None:
-    limits = {
-        "slowdown": (0, 10, "in (0, 10]"),
-        "grad_factor": (1, math.inf, "> 1"),
-        "factor": (1, math.inf, "> 1"),
-        "seconds": (0, math.inf, "> 0"),
-        "clock_drop": (0, 0.99, "in (0, 0.99]"),
-        "reasons": (0, 2**32 - 1, "a bitmask in [1, 2^32)"),
-    }
     for key, value in p.items():
-        low, high, words = limits[key]
+        low, high, words = FAULT_LIMITS[key]
         if not (low < value <= high) or (key == "reasons" and value != int(value)):
             raise ValueError(f"fault {spec!r}: {key} must be {words}, got {value:g}")
 
@@ -173,6 +185,11 @@ class FleetSpec:
         for f in self.faults:
             if f.rank >= self.ranks:
                 raise ValueError(f"fault {f.kind}: rank {f.rank} >= ranks ({self.ranks})")
+            if f.step >= self.steps:  # it would never happen, yet stand as ground truth
+                raise ValueError(
+                    f"fault {f.kind}: step {f.step} >= steps ({self.steps}); the run's last "
+                    f"step is {self.steps - 1}"
+                )
         self.run_id = self.run_id or f"sim-{self.seed}"
 
     @property
@@ -227,6 +244,9 @@ class _Fleet:
         self.spec = spec
         n, n_layers = spec.ranks, spec.layers
         self.rng = rng = np.random.default_rng(spec.seed)
+        # Noise of the steps that are not logged, drawn apart: a run's logged values do not
+        # depend on how many steps lie between them.
+        self.unlogged_rng = np.random.default_rng([spec.seed, 1])
         self.speed = rng.normal(1.0, 0.01, n).clip(0.96, 1.04)  # each device's own pace
         self.power_base = rng.normal(POWER_W, 12.0, n)
         self.temp_base = rng.normal(62.0, 2.5, n)
@@ -289,6 +309,24 @@ class _Fleet:
     def _at(self, kind: str, step: int) -> list[Fault]:
         return [f for f in self.by_kind[kind] if f.step == step]
 
+    def _slow_down(self, compute: np.ndarray, step: int) -> None:
+        """Stretch each rank's compute time by the straggler and throttle faults active."""
+        for f in self._active("straggler", step):
+            compute[f.rank] *= 1 + f.params["slowdown"]
+        for f in self._active("throttle", step):
+            compute[f.rank] /= 1 - f.params["clock_drop"]  # work per clock cycle is fixed
+
+    def _unlogged_time_s(self, step: int, drift: float) -> float:
+        """Wall time of a step that is not logged: the same timing as a logged step's
+        (noise, slow devices, stragglers, throttling; every rank waits for the last), so
+        that a run's wall time is the sum of its steps' times whatever `log_every` is.
+        Costs two draws per rank: about 2 ms a step at 16,384 ranks."""
+        s, rng, n = self.spec, self.unlogged_rng, self.spec.ranks
+        compute = s.step_time_s * COMPUTE_FRACTION * drift / self.speed * rng.lognormal(0, 0.01, n)
+        self._slow_down(compute, step)
+        data = s.step_time_s * DATA_FRACTION * rng.lognormal(0.0, 0.3, n)
+        return float((data + compute).max()) + s.step_time_s * TAIL_FRACTION
+
     def step(self, step: int, previous: int) -> dict[str, dict]:
         """Tables of logged step `step`; `previous` is the logged step before it (-1: none)."""
         s, rng, n = self.spec, self.rng, self.spec.ranks
@@ -315,11 +353,9 @@ class _Fleet:
         reasons = np.zeros(n, dtype=np.int64)
         power_factor = np.ones(n)
         temp_extra = np.zeros(n)
-        for f in self._active("straggler", step):
-            compute[f.rank] *= 1 + f.params["slowdown"]
+        self._slow_down(compute, step)
         for f in self._active("throttle", step):
             drop = f.params["clock_drop"]
-            compute[f.rank] /= 1 - drop  # work per clock cycle is fixed
             clock[f.rank] *= 1 - drop
             reasons[f.rank] |= int(f.params["reasons"])
             power_factor[f.rank] = 1 - drop / 2
@@ -340,8 +376,8 @@ class _Fleet:
         wait = release - arrival
         rank_step_time = release + s.step_time_s * TAIL_FRACTION + end_jitter
         step_time = float(rank_step_time.max())
-        gap = step - previous
-        elapsed = (gap - 1) * s.step_time_s * drift + step_time + stalled
+        unlogged = sum(self._unlogged_time_s(u, drift) for u in range(previous + 1, step))
+        elapsed = unlogged + step_time + stalled
         self.now += elapsed
         busy = compute / (compute + wait)
         power = (self.power_base * (0.85 + 0.15 * busy) + power_noise) * power_factor
@@ -360,16 +396,30 @@ class _Fleet:
         grad_scale = (0.3 + 2.0 * math.exp(-step / self.warmup)) * grad_noise * spike**2
         layer_grad = grad_scale * self.grad_share * layer_noise[0]
         layer_nonfinite = np.zeros(s.layers, dtype=np.int64)
+        act_nonfinite = np.zeros(s.layers, dtype=np.int64)
+        growth = math.log1p(step / 1000)
+        act_rms = self.act_base * (1 + 0.1 * growth) * layer_noise[1]
+        act_max_abs = act_rms * act_peak
+        broken = slice(s.layers // 2, None)  # the layers a NaN fault reaches
         nan = bool(self._at("nan", step))
         if nan:
             local_loss[:] = math.nan
-            layer_grad[s.layers // 2 :] = math.nan
-            layer_nonfinite[s.layers // 2 :] = 12 * HIDDEN * HIDDEN
+            layer_grad[broken] = math.nan
+            layer_nonfinite[broken] = 12 * HIDDEN * HIDDEN
+            act_rms[broken] = math.nan
+            act_nonfinite[broken] = self.tokens_per_step * HIDDEN  # every value of the output
+        # The hooks count the steps since the previous logged one (this one included) that
+        # held a non-finite value, and keep each layer's largest |activation| over them (NaN
+        # once one was NaN): a NaN on a step that is not logged shows on the next logged one.
+        bad_steps = len({f.step for f in self.by_kind["nan"] if previous < f.step <= step})
+        act_bad_steps = np.zeros(s.layers, dtype=np.int64)
+        if bad_steps:
+            act_bad_steps[broken] = bad_steps
+            act_max_abs[broken] = math.nan
         grad_norm = float(np.sqrt(np.sum(layer_grad**2)))
         grad_local = grad_norm * (1.3 + local_grad_noise)
         for f in self._active("sdc", step):
             grad_local[f.rank] *= f.params["grad_factor"]
-        growth = math.log1p(step / 1000)
 
         steps = {
             "step": np.array([step], dtype=np.int64),
@@ -384,19 +434,21 @@ class _Fleet:
             "mfu_ratio": np.array([tflops * 1e12 / PEAK_FLOPS_PER_S]),
             "power_w": np.array([power.sum()]),
             "energy_j": np.array([self.energy.sum()]),
-            "nonfinite_count": np.array([layer_nonfinite.sum() + (n if nan else 0)]),
+            # As the hooks count: gradient tensors and activation values (hooks/records.py).
+            "nonfinite_count": np.array([layer_nonfinite.sum() + act_nonfinite.sum()]),
+            "nonfinite_steps": np.array([bad_steps], dtype=np.int64),
             "telemetry_dropped": np.zeros(1, dtype=np.int64),
         }
-        act_rms = self.act_base * (1 + 0.1 * growth) * layer_noise[1]
         layers = {
             "step": np.full(s.layers, step, dtype=np.int64),
             "layer": np.arange(s.layers, dtype=np.int64),
             "grad_norm": layer_grad,
             "act_rms": act_rms,
-            "act_max_abs": act_rms * act_peak,
+            "act_max_abs": act_max_abs,
             "param_norm": self.param_base * (1 + 0.05 * growth),
             "nonfinite_count": layer_nonfinite,
-            "act_nonfinite_count": np.zeros(s.layers, dtype=np.int64),
+            "act_nonfinite_count": act_nonfinite,
+            "act_nonfinite_steps": act_bad_steps,
         }
         if previous >= 0:  # no optimizer step precedes the first logged step: null
             layers["update_rms"] = lr * (0.8 + 0.2 * layer_noise[2])

@@ -65,6 +65,90 @@ def test_replay_of_a_missing_store() -> None:
     assert r.returncode != 0 and "cannot open" in r.stderr and "Traceback" not in r.stderr
 
 
+def _simulated_store(path: Path) -> Path:
+    """A stopped collector's store of a small simulated run that raised alerts live."""
+    from trainvitals.collector.store import Store
+    from trainvitals.simulate import FleetSpec, simulate
+
+    faults = ("straggler:rank=3,step=20,slowdown=0.5", "spike:step=40")
+    spec = FleetSpec(ranks=8, layers=2, step_time_s=1.0, steps=60, faults=faults)
+    store = Store(str(path), analysis_delay_s=0.0)
+    store.start()
+    try:
+        done = [store.submit(*to_arrow(doc)) for doc in simulate(spec)]
+        store.flush(60)
+        assert all(f.exception() is None for f in done)
+    finally:
+        store.close()
+    return path
+
+
+def _alerts(r: subprocess.CompletedProcess) -> list[tuple]:
+    return [(a["kind"], a["step"], a["rank"]) for a in map(orjson.loads, r.stdout.splitlines())]
+
+
+def test_replay_reads_older_stores_and_export_folders(tmp_path: Path) -> None:
+    """As `collector --replay` does: columns and tables an older store lacks read as
+    empty, and an export folder replays like the store it came from."""
+    import shutil
+
+    import duckdb
+
+    from trainvitals.collector.export import export_store
+
+    current = _simulated_store(tmp_path / "current.duckdb")
+    r = _cli("replay", str(current), "--check")
+    assert r.returncode == 0, r.stderr
+    expected = _alerts(r)
+    assert {("straggler", 3), ("loss_spike", None)} <= {(k, rank) for k, _, rank in expected}
+
+    older = shutil.copy(current, tmp_path / "older.duckdb")  # columns added since, dropped
+    with duckdb.connect(str(older)) as con:
+        con.execute("ALTER TABLE runs DROP COLUMN token_target")
+        con.execute("ALTER TABLE steps DROP COLUMN nonfinite_steps")
+        con.execute("ALTER TABLE layers DROP COLUMN act_nonfinite_steps")
+    r = _cli("replay", str(older), "--check")
+    assert r.returncode == 0, r.stderr
+    assert _alerts(r) == expected and "Traceback" not in r.stderr
+    n = len(expected)
+    assert f"{n} alerts replayed, identical to the {n} the collector raised" in r.stderr
+
+    no_alerts = shutil.copy(current, tmp_path / "no-alerts.duckdb")  # before alerts were kept
+    with duckdb.connect(str(no_alerts)) as con:
+        con.execute("DROP TABLE alerts")
+    r = _cli("replay", str(no_alerts))
+    assert r.returncode == 0, r.stderr
+    assert _alerts(r) == expected
+    assert f"{n} alerts replayed; not compared: {no_alerts} has no alerts table" in r.stderr
+    assert _cli("replay", str(no_alerts), "--check").returncode == 1  # nothing to check against
+
+    export_store(str(current), str(tmp_path / "export"))
+    r = _cli("replay", str(tmp_path / "export"), "--check")
+    assert r.returncode == 0, r.stderr
+    assert _alerts(r) == expected
+
+
+def test_replay_refuses_what_is_not_a_trainvitals_store(tmp_path: Path) -> None:
+    other = tmp_path / "other.duckdb"
+    import duckdb
+
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE trades (id INTEGER)")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    cases = {
+        other: f"error: {other} is not a trainvitals store: it has no steps table with run_id "
+        "and step columns (its tables: trades)",
+        tmp_path / "folder": f"error: {tmp_path / 'folder'} is not a trainvitals export: "
+        "no table folder (runs, steps, layers, ranks, events, alerts)",
+        tmp_path / "notes.txt": f"error: cannot open {tmp_path / 'notes.txt'} read-only: ",
+    }
+    for path, message in cases.items():
+        r = _cli("replay", str(path))
+        assert r.returncode != 0 and r.stdout == ""
+        assert r.stderr.startswith(message) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def _wandb_csv(path: Path) -> Path:
     lines = ["_step,train/loss,train/grad_norm,_runtime"]
     for step in range(300):
