@@ -310,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument("--collector", default="http://127.0.0.1:8000", help="collector base URL")
-    source.add_argument("--store", help="DuckDB store or Parquet export folder to replay (instead of --collector)")
+    source.add_argument(
+        "--store", help="DuckDB store or Parquet export folder to replay (instead of --collector)"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8501)
     p.set_defaults(func=_dashboard)
