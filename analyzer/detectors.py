@@ -38,12 +38,16 @@ def name_ranks(ranks: list[int], limit: int = 8) -> str:
 class NonFiniteDetector:
     """A NaN or infinite value: training has already gone wrong. Names where it started.
 
-    Fires on a non-finite loss or global gradient norm, on the hooks' non-finite counters
-    (steps.nonfinite_count, layers.nonfinite_count and act_nonfinite_count), and on a
-    rank's non-finite local loss or local gradient norm. The culprit layer is the lowest
-    layer index (forward order) whose *activations* went non-finite, else the lowest
-    whose gradients did: a NaN born in layer k's forward reaches every later layer's
-    output, and every gradient, within the same step. The culprit rank is the rank whose
+    Fires on a non-finite loss or global gradient norm; on the hooks' non-finite counters,
+    of the logged step (steps.nonfinite_count, layers.nonfinite_count and
+    act_nonfinite_count) and of every step since the previous logged one
+    (steps.nonfinite_steps, layers.act_nonfinite_steps); on a reported non-finite layer
+    statistic (act_rms, grad_norm, act_max_abs, which is a max over those steps too, and
+    param_norm); and on a rank's non-finite local loss or local gradient norm. The culprit
+    layer is the lowest layer index (forward order) whose *activations* went non-finite,
+    else the lowest whose gradients did, else whose parameters did: a NaN born in layer
+    k's forward reaches every later layer's output, and every gradient, within the same
+    step. The culprit rank is the rank whose
     local loss went non-finite while others' did not (with tensor parallelism its tp peers
     share its loss and are listed too); when every rank is hit, nobody is named.
     One alert per episode: quiet until a step is finite again.
@@ -60,7 +64,12 @@ class NonFiniteDetector:
         ]
         if s.nonfinite_count > 0:  # NaN (not reported) compares False
             bad.append(f"{s.nonfinite_count:.0f} values counted by the hooks")
-        layer, layer_what = _first_nonfinite_layer(s.layers)
+        if s.nonfinite_steps > 0:  # unlogged steps too: a NaN the loop skipped over
+            bad.append(
+                f"{s.nonfinite_steps:.0f} step(s) since the previous logged one held a NaN/inf "
+                "loss or output"
+            )
+        layer, layer_what, column = _first_nonfinite_layer(s.layers)
         rank_bad = np.empty(0, dtype=np.int64)
         if s.ranks is not None and len(s.ranks):
             hit = ~np.isfinite(s.ranks.loss) | s.ranks.grad_norm_local_nonfinite
@@ -94,7 +103,7 @@ class NonFiniteDetector:
                 severity="critical",
                 message=(
                     f"non-finite values at step {s.step}: {what}{where}{who}. Data: "
-                    + data_query(s.run_id, "layers", "act_nonfinite_count", s.step, s.step)
+                    + data_query(s.run_id, "layers", column, s.step, s.step)
                 ),
                 value=s.loss if "loss" in bad else s.grad_norm if "grad_norm" in bad else None,
                 rank=rank,
@@ -103,40 +112,67 @@ class NonFiniteDetector:
         ]
 
 
-def _first_nonfinite_layer(layers: LayerView | None) -> tuple[int | None, str]:
+def _first_nonfinite_layer(layers: LayerView | None) -> tuple[int | None, str, str]:
+    """(lowest layer whose activations, else gradients, else parameters went non-finite,
+    which of them, the column that shows it); (None, "", default column) when none did."""
+    default = (None, "", "act_nonfinite_count")
     if layers is None or not len(layers.layer):
-        return None, ""
-    # act_rms and grad_norm are required columns: NaN there is a value, not a gap.
-    # act_max_abs is optional (NaN may mean "not reported"): only its infinities count.
+        return default
+    # act_rms and grad_norm are required columns: NaN there is a value, not a gap. In the
+    # optional act_max_abs and param_norm NaN may mean "not reported": their marks say
+    # which values were reported (an infinity is never a gap). NaN counts compare False.
     with np.errstate(invalid="ignore"):
-        acts = (
-            (layers.act_nonfinite_count > 0)
-            | ~np.isfinite(layers.act_rms)
-            | np.isinf(layers.act_max_abs)
+        signals = (
+            ("activations", "act_nonfinite_count", layers.act_nonfinite_count > 0),
+            ("activations", "act_nonfinite_steps", layers.act_nonfinite_steps > 0),
+            ("activations", "act_rms", ~np.isfinite(layers.act_rms)),
+            (
+                "activations",
+                "act_max_abs",
+                layers.act_max_abs_nonfinite | np.isinf(layers.act_max_abs),
+            ),
+            ("gradients", "nonfinite_count", layers.nonfinite_count > 0),
+            ("gradients", "grad_norm", ~np.isfinite(layers.grad_norm)),
+            (
+                "parameters",
+                "param_norm",
+                layers.param_norm_nonfinite | np.isinf(layers.param_norm),
+            ),
         )
-        grads = (layers.nonfinite_count > 0) | ~np.isfinite(layers.grad_norm)
-    for what, hit in (("activations", acts), ("gradients", grads)):
-        where = np.flatnonzero(hit)
-        if len(where):
-            return int(layers.layer[where[0]]), what
-    return None, ""
+    for what in ("activations", "gradients", "parameters"):
+        firsts = [
+            (int(where[0]), column)
+            for kind, column, hit in signals
+            if kind == what and len(where := np.flatnonzero(hit))
+        ]
+        if firsts:  # layers are in ascending order: the lowest index is the first layer
+            i, column = min(firsts, key=lambda first: first[0])
+            return int(layers.layer[i]), what, column
+    return default
 
 
 @dataclass
 class LossSpikeDetector:
     """A loss far above its recent robust baseline.
 
-    Baseline: median of log(loss) over the last `window` finite steps. Spread: the step-to-
-    step noise, from the median absolute deviation (MAD) of the last `window` differences
-    of log(loss), scaled by 1.4826 / sqrt(2) so that it estimates the standard deviation of
-    Gaussian noise on each value (Rousseeuw & Croux, 1993); differences ignore the trend,
-    so a loss falling fast early in training does not inflate the spread and hide a spike
-    (the MAD of the values themselves would). Working in log space makes the test
-    relative, so it holds as the loss falls by orders of magnitude. A step alarms when its
-    log-loss exceeds the median by `z_threshold` spreads *and* the loss is at least
-    `min_rise_ratio` above the median loss: the second guard keeps a near-zero MAD on a
-    flat curve from turning noise into alerts. One alert per episode: after an alarm the
-    detector is quiet for `cooldown_steps`.
+    Baseline (the level): median of log(loss) over the last `level_window` finite logged
+    steps. A median over the whole `window` lags a falling loss by half the window: with
+    log_every=10 that is 250 steps, and at step 410 of a simulated run it stood at 7.80
+    while the loss was 6.6, so a 1.39x spike looked like 1.18x and was missed. A short
+    median follows the trend within a few logged steps and still ignores a one-step
+    outlier. (Projecting the window's robust trend forward instead overshoots where a
+    fast fall flattens out, and raised false alarms there.)
+    Spread: the step-to-step noise, from the median absolute deviation (MAD) of the last
+    `window` differences of log(loss), scaled by 1.4826 / sqrt(2) so that it estimates the
+    standard deviation of Gaussian noise on each value (Rousseeuw & Croux, 1993);
+    differences ignore the trend, so a loss falling fast early in training does not
+    inflate the spread and hide a spike (the MAD of the values themselves would). Working
+    in log space makes the test relative, so it holds as the loss falls by orders of
+    magnitude. A step alarms when its log-loss exceeds the level by `z_threshold` spreads
+    *and* the loss is at least `min_rise_ratio` above the level: the second guard keeps a
+    near-zero MAD on a flat curve from turning noise into alerts. Needs `min_history`
+    finite steps. One alert per episode: after an alarm the detector is quiet for
+    `cooldown_steps`.
 
     After a spike the detector follows the episode against the baseline frozen at the
     spike: a loss back under baseline x (1 + min_rise_ratio) has recovered; one still above
@@ -144,6 +180,7 @@ class LossSpikeDetector:
     """
 
     window: int = 50
+    level_window: int = 5
     min_history: int = 20
     z_threshold: float = 8.0
     min_rise_ratio: float = 0.2
@@ -152,8 +189,9 @@ class LossSpikeDetector:
     kind: str = "loss_spike"
     layers: LayerHistory = field(default_factory=LayerHistory)
     ranks: RankLossHistory = field(default_factory=RankLossHistory)
-    _window: RollingWindow = field(init=False, repr=False)
+    _level: RollingWindow = field(init=False, repr=False)  # last level_window log-losses
     _diffs: RollingWindow = field(init=False, repr=False)
+    _history: int = 0  # finite losses seen
     _last_x: float | None = None
     _quiet_until: int = -1
     _episode: tuple[int, float] | None = None  # (spike step, baseline loss) while unresolved
@@ -161,9 +199,11 @@ class LossSpikeDetector:
     def __post_init__(self) -> None:
         if self.window < 3 or not 3 <= self.min_history <= self.window:
             raise ValueError("LossSpikeDetector: need window >= min_history >= 3")
+        if not 1 <= self.level_window <= self.min_history:
+            raise ValueError("LossSpikeDetector: need 1 <= level_window <= min_history")
         if self.z_threshold <= 0 or self.min_rise_ratio < 0:
             raise ValueError("LossSpikeDetector: z_threshold must be > 0, min_rise_ratio >= 0")
-        self._window = RollingWindow(self.window)
+        self._level = RollingWindow(self.level_window)
         self._diffs = RollingWindow(self.window)
 
     def observe(self, s: StepView) -> list[Alert]:
@@ -173,15 +213,16 @@ class LossSpikeDetector:
             return []  # non-finite losses are the NonFiniteDetector's
         x = math.log(s.loss)
         alerts = self._follow_episode(s)
-        if len(self._window) >= self.min_history and s.step > self._quiet_until:
-            median = self._window.median()
+        if self._history >= self.min_history and s.step > self._quiet_until:
+            level = self._level.median()
             typical = self._diffs.median()
             mad = median_of_sorted(sorted(abs(d - typical) for d in self._diffs.values()))
             spread = MAD_TO_SIGMA * mad / math.sqrt(2) + 1e-12
-            z = (x - median) / spread
-            if z > self.z_threshold and x - median > math.log1p(self.min_rise_ratio):
-                alerts.append(self._spike(s, math.exp(median), z))
-        self._window.push(x)
+            z = (x - level) / spread
+            if z > self.z_threshold and x - level > math.log1p(self.min_rise_ratio):
+                alerts.append(self._spike(s, math.exp(level), z))
+        self._level.push(x)
+        self._history += 1
         if self._last_x is not None:
             self._diffs.push(x - self._last_x)
         self._last_x = x

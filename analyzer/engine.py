@@ -27,11 +27,26 @@ from .stall import StallDetector
 from .straggler import StragglerDetector
 from .throttle import ThrottleDetector
 from .throughput import ThroughputDropDetector
-from .views import LAYER_COLUMNS, RANK_COLUMNS, LayerView, RankView, StepView
+from .views import (
+    LAYER_COLUMNS,
+    LAYER_MARKED,
+    RANK_COLUMNS,
+    RANK_MARKED,
+    LayerView,
+    RankView,
+    StepView,
+)
 
 # Step fields that may be null: null becomes NaN (not reported). loss and grad_norm keep
 # None for null, so that "not in this export" is not mistaken for a non-finite value.
-_STEP_FLOATS = ("time_unix_s", "tokens_per_s", "step_time_s", "lr", "nonfinite_count")
+_STEP_FLOATS = (
+    "time_unix_s",
+    "tokens_per_s",
+    "step_time_s",
+    "lr",
+    "nonfinite_count",
+    "nonfinite_steps",
+)
 
 
 def default_detectors() -> list:
@@ -70,8 +85,8 @@ class Analyzer:
         if steps is None or steps.num_rows == 0:
             return []
         rows = _step_rows(steps)
-        layers = _Slices(tables.get("layers"), "layer", LAYER_COLUMNS)
-        ranks = _Slices(tables.get("ranks"), "rank", RANK_COLUMNS, nonfinite=("grad_norm_local",))
+        layers = _Slices(tables.get("layers"), "layer", LAYER_COLUMNS, nonfinite=LAYER_MARKED)
+        ranks = _Slices(tables.get("ranks"), "rank", RANK_COLUMNS, nonfinite=RANK_MARKED)
         alerts: list[Alert] = []
         for row in rows:
             step = row["step"]

@@ -14,7 +14,11 @@ From a stored run's steps (step, time_unix_s, step_time_s) and events:
 - stalls: whatever else a gap holds beyond its steps' normal time, in gaps that the stall
   detector's rule calls a stall (stall.is_stall, same thresholds);
 - productive time: the rest. Goodput = productive / wall.
-Small per-step jitter is productive time: only the causes above count as lost.
+Small per-step jitter is productive time: only the causes above count as lost. Each cause
+is taken out of the gap that holds its event, and at most what that gap holds beyond its
+steps' normal time, in the order above: an event outside the wall time (a checkpoint
+saved after the last logged step) or one that did not hold training up (an asynchronous
+checkpoint) costs nothing, and goodput stays within 0..1.
 """
 
 from __future__ import annotations
@@ -95,59 +99,81 @@ def goodput(
     ok = spanned > 0
     per_step = float(np.median(gap[ok] / spanned[ok])) if ok.any() else math.nan
     first_s = step_time[0] if math.isfinite(step_time[0]) else per_step
-    wall = float(t[-1] - t[0] + first_s)
-    extra = gap - np.maximum(spanned, 0) * per_step  # time beyond the steps' normal time
-    claimed = np.zeros(len(gap), bool)
+    wall = float(t[-1] - t[0] + max(first_s, 0.0))
+    ev = _events_by_gap(events, step, t)
+    # What each gap holds beyond its steps' normal time, handed out cause by cause.
+    spare = np.maximum(gap - np.maximum(spanned, 0) * per_step, 0.0)
+    checkpoint = np.minimum(ev.checkpoint_s, spare)
+    spare -= checkpoint
+    redone = np.where(ev.restarted, np.minimum(ev.redone_steps * per_step, spare), 0.0)
+    spare -= redone
+    restart = np.where(ev.restarted, spare, 0.0)
+    stalled = ~ev.restarted & ok & _stalls(spare, spanned, per_step, min_gap_s, min_intervals)
+    stall = np.where(stalled, spare, 0.0)
+    lost = checkpoint.sum() + redone.sum() + restart.sum() + stall.sum()
+    return Goodput(
+        run_id,
+        wall,
+        wall - float(lost),
+        float(restart.sum()),
+        ev.restarts,
+        int(ev.redone_steps.sum()),
+        float(redone.sum()),
+        float(checkpoint.sum()),
+        ev.checkpoints,
+        float(stall.sum()),
+        int(stalled.sum()),
+        per_step,
+    )
 
-    kinds = events.get("kind", [])
-    restart_s = redone_s = checkpoint_s = 0.0
-    restarts = redone = checkpoints = 0
+
+@dataclass(frozen=True)
+class _GapEvents:
+    """The restart and checkpoint events inside the wall time, per gap between logged steps."""
+
+    restarted: np.ndarray  # bool: a restart event in the gap
+    redone_steps: np.ndarray  # steps trained again after that restart
+    checkpoint_s: np.ndarray  # checkpoint durations reported in the gap
+    restarts: int
+    checkpoints: int
+
+
+def _events_by_gap(events: dict[str, list], step: np.ndarray, t: np.ndarray) -> _GapEvents:
+    n = len(t) - 1
+    restarted, redone = np.zeros(n, bool), np.zeros(n, np.int64)
+    checkpoint_s, restarts, checkpoints = np.zeros(n), 0, 0
     for kind, ev_step, ev_t, detail in zip(
-        kinds,
+        events.get("kind", []),
         events.get("step", []),
         events.get("time_unix_s", []),
         events.get("detail", []),
         strict=True,
     ):
         i = int(np.searchsorted(t, ev_t)) - 1  # the gap (t[i], t[i + 1]] holding the event
-        inside = 0 <= i < len(gap)
+        if not 0 <= i < n:
+            continue  # outside the wall time: it cost none of it
         if kind == "restart":
             restarts += 1
-            if not inside:
-                continue
-            again = max(0, int(step[: i + 1].max()) - int(ev_step) + 1)
-            redone += again
-            redone_s += again * per_step
-            restart_s += max(0.0, float(extra[i]) - again * per_step)
-            claimed[i] = True
+            restarted[i] = True
+            redone[i] += max(0, int(step[: i + 1].max()) - int(ev_step) + 1)
         elif kind == "checkpoint":
             checkpoints += 1
             duration = _detail(detail).get("duration_s")
             if isinstance(duration, int | float) and duration > 0:
-                checkpoint_s += float(duration)
-                if inside:
-                    extra[i] -= duration
-    stall_s, stalls = 0.0, 0
-    for i in np.flatnonzero(~claimed & ok):
-        if is_stall(
-            extra[i] + spanned[i] * per_step, int(spanned[i]), per_step, min_gap_s, min_intervals
-        ):
-            stall_s += float(extra[i])
-            stalls += 1
-    productive = wall - restart_s - redone_s - checkpoint_s - stall_s
-    return Goodput(
-        run_id,
-        wall,
-        productive,
-        restart_s,
-        restarts,
-        redone,
-        redone_s,
-        checkpoint_s,
-        checkpoints,
-        stall_s,
-        stalls,
-        per_step,
+                checkpoint_s[i] += float(duration)
+    return _GapEvents(restarted, redone, checkpoint_s, restarts, checkpoints)
+
+
+def _stalls(
+    spare: np.ndarray, spanned: np.ndarray, per_step: float, min_gap_s: float, k: float
+) -> np.ndarray:
+    """Gaps that the stall rule calls a stall, on what is left of them after checkpoints."""
+    return np.array(
+        [
+            is_stall(float(x + n * per_step), int(n), per_step, min_gap_s, k)
+            for x, n in zip(spare, spanned, strict=True)
+        ],
+        dtype=bool,
     )
 
 

@@ -45,6 +45,9 @@ class StallDetector:
     _per_step: RollingWindow = field(init=False, repr=False)  # seconds per step
     _gaps: RollingWindow = field(init=False, repr=False)  # seconds between logged steps
     _prev: tuple[int, float] | None = None
+    # Per rank seen, in ascending rank order (`_ranks`: their ids): sized by the ranks
+    # that reported, not by the largest id, which ingest allows up to 2**31 - 1.
+    _ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     _seen_t: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     _seen_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     _silent: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), repr=False)
@@ -81,14 +84,15 @@ class StallDetector:
                     self._per_step.push(gap / n)
                     self._gaps.push(gap)
         self._prev = (s.step, t)
-        silent = self._silent_ranks(s, ready)
+        silent = self._silent_slots(s, ready)
         if len(silent):
-            rank = silent[0] if rank is None else rank
-            since = int(self._seen_step[silent[0]])
+            first, ids = silent[0], self._ranks[silent]
+            rank = ids[0] if rank is None else rank
+            since = int(self._seen_step[first])
             start = min(start, since)
             parts.append(
-                f"{name_ranks(silent.tolist())} reported nothing for "
-                f"{t - self._seen_t[silent[0]]:.0f} s (last at step {since}) while the "
+                f"{name_ranks(ids.tolist())} reported nothing for "
+                f"{t - self._seen_t[first]:.0f} s (last at step {since}) while the "
                 "other ranks went on: a dead exporter, a lost node, or a rank that left"
             )
         if not parts:
@@ -123,19 +127,15 @@ class StallDetector:
             "to arrive"
         )
 
-    def _silent_ranks(self, s: StepView, ready: bool) -> np.ndarray:
+    def _silent_slots(self, s: StepView, ready: bool) -> np.ndarray:
+        """Slots (positions in `_ranks`) of the ranks that just went silent."""
         r = s.ranks
         if r is None or not len(r):
             return np.empty(0, np.int64)
-        top = int(r.rank[-1]) + 1
-        if len(self._seen_t) < top:
-            grow = top - len(self._seen_t)
-            self._seen_t = np.r_[self._seen_t, np.full(grow, math.nan)]
-            self._seen_step = np.r_[self._seen_step, np.zeros(grow, np.int64)]
-            self._silent = np.r_[self._silent, np.zeros(grow, bool)]
-        self._seen_t[r.rank] = s.time_unix_s
-        self._seen_step[r.rank] = s.step
-        self._silent[r.rank] = False
+        slots = self._slots(r.rank)
+        self._seen_t[slots] = s.time_unix_s
+        self._seen_step[slots] = s.step
+        self._silent[slots] = False
         if not ready:
             return np.empty(0, np.int64)
         age = s.time_unix_s - self._seen_t
@@ -144,3 +144,26 @@ class StallDetector:
             gone = np.flatnonzero((age > bar) & ~self._silent)  # NaN: never seen
         self._silent[gone] = True
         return gone
+
+    def _slots(self, ranks: np.ndarray) -> np.ndarray:
+        """Slots of `ranks` (distinct ids), adding the ranks not seen before."""
+        known = self._ranks
+        dense = len(known) and known[-1] == len(known) - 1  # known ids: 0..K-1
+        if dense and int(ranks.min()) >= 0 and int(ranks.max()) < len(known):
+            return ranks  # every rank 0..K-1 seen already (the usual case): rank = slot
+        new = np.setdiff1d(ranks, known, assume_unique=True)
+        if len(new):
+            merged = np.union1d(known, new)
+            old = np.searchsorted(merged, known)
+            self._ranks = merged
+            self._seen_t = _regrid(self._seen_t, old, len(merged), math.nan)
+            self._seen_step = _regrid(self._seen_step, old, len(merged), 0)
+            self._silent = _regrid(self._silent, old, len(merged), False)
+        return np.searchsorted(self._ranks, ranks)
+
+
+def _regrid(values: np.ndarray, at: np.ndarray, size: int, fill: float | bool) -> np.ndarray:
+    """`values` moved to positions `at` of a new array of `size`, the rest `fill`."""
+    out = np.full(size, fill, dtype=values.dtype)
+    out[at] = values
+    return out

@@ -23,10 +23,17 @@ LAYER_COLUMNS = (
     "grad_norm",
     "act_rms",
     "act_max_abs",
+    "param_norm",
     "update_rms",
     "nonfinite_count",
     "act_nonfinite_count",
+    "act_nonfinite_steps",
 )
+# Optional float columns in which NaN is a value the hooks measured (a NaN activation makes
+# the max NaN) while a null means "not reported": the engine marks the reported non-finite
+# values in `<column>_nonfinite`, since both become NaN in the float arrays.
+LAYER_MARKED = ("act_max_abs", "param_norm")
+RANK_MARKED = ("grad_norm_local",)
 RANK_COLUMNS = (
     "step_time_s",
     "compute_time_s",
@@ -50,21 +57,41 @@ class LayerView:
     layer: np.ndarray  # int64 layer indices, ascending
     grad_norm: np.ndarray = _NOTHING
     act_rms: np.ndarray = _NOTHING
-    act_max_abs: np.ndarray = _NOTHING
+    act_max_abs: np.ndarray = _NOTHING  # over every step since the previous logged one
+    param_norm: np.ndarray = _NOTHING
     update_rms: np.ndarray = _NOTHING
-    nonfinite_count: np.ndarray = _NOTHING  # non-finite gradient values
+    nonfinite_count: np.ndarray = _NOTHING  # gradient tensors holding a NaN/inf
     act_nonfinite_count: np.ndarray = _NOTHING  # non-finite activation values
+    # Steps since the previous logged one (this one included) whose output held a NaN/inf.
+    act_nonfinite_steps: np.ndarray = _NOTHING
+    # Reported and not finite (see LAYER_MARKED): False where not reported.
+    act_max_abs_nonfinite: np.ndarray = _NOTHING
+    param_norm_nonfinite: np.ndarray = _NOTHING
 
     def __post_init__(self) -> None:
         _fill_missing(self, len(self.layer))
 
     @classmethod
     def of(cls, **columns) -> LayerView:
-        """A view from plain sequences (tests, simulators); `layer` defaults to 0..L-1."""
-        arrays = {k: np.asarray(v, dtype=np.float64) for k, v in columns.items() if k != "layer"}
+        """A view from plain sequences (tests, simulators); `layer` defaults to 0..L-1.
+
+        None stands for "not reported"; in the LAYER_MARKED columns a NaN or inf is a
+        reported non-finite value and is marked as such.
+        """
+        marks = {
+            f"{k}_nonfinite": np.array([x is not None and not math.isfinite(x) for x in v])
+            for k, v in columns.items()
+            if k in LAYER_MARKED
+        }
+        marks |= {k: np.asarray(v, bool) for k, v in columns.items() if k.endswith("_nonfinite")}
+        arrays = {
+            k: np.array([math.nan if x is None else x for x in v], dtype=np.float64)
+            for k, v in columns.items()
+            if k != "layer" and k not in marks
+        }
         n = len(next(iter(arrays.values()))) if arrays else 0
         layer = np.asarray(columns.get("layer", np.arange(n)), dtype=np.int64)
-        return cls(layer=layer, **arrays)
+        return cls(layer=layer, **arrays, **marks)
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,8 +121,6 @@ class RankView:
     _memo: dict = field(default_factory=dict, repr=False)  # results shared by detectors
 
     def __post_init__(self) -> None:
-        if self.grad_norm_local_nonfinite is _NOTHING:
-            object.__setattr__(self, "grad_norm_local_nonfinite", np.zeros(len(self.rank), bool))
         _fill_missing(self, len(self.rank))
 
     def __len__(self) -> int:
@@ -197,14 +222,17 @@ class StepView:
     tokens_per_s: float = math.nan
     step_time_s: float = math.nan
     lr: float = math.nan
-    # Non-finite values the hooks counted since the previous logged step (steps table).
+    # The hooks' counts (steps table): non-finite values at this step, and steps since the
+    # previous logged one (this one included) whose loss or block outputs held a NaN/inf.
     nonfinite_count: float = math.nan
+    nonfinite_steps: float = math.nan
     layers: LayerView | None = None
     ranks: RankView | None = None
 
 
 def _fill_missing(view, n: int) -> None:
-    """Columns not given become NaN: not reported."""
+    """Columns not given become NaN (not reported), and their non-finite marks False."""
     for f in fields(view):
         if getattr(view, f.name) is _NOTHING:
-            object.__setattr__(view, f.name, np.full(n, math.nan))
+            missing = np.zeros(n, bool) if f.name.endswith("_nonfinite") else np.full(n, math.nan)
+            object.__setattr__(view, f.name, missing)

@@ -46,6 +46,40 @@ def test_one_alert_per_episode() -> None:
     assert len(_run(LossSpikeDetector(), _curve(500, 2, spikes))) == 1
 
 
+def _logged_every(every: int, n: int, seed: int, spikes: dict[int, float] | None = None) -> list:
+    """Steps 0, every, 2 every, ... of a power-law loss falling from 11 (trainvitals
+    simulate's curve) with 1% noise, as (step, loss)."""
+    rng = random.Random(seed)
+    spikes = spikes or {}
+    return [
+        (s, (1.8 + 9.2 * (1 + s / 100) ** -0.4) * math.exp(rng.gauss(0, 0.01)) * spikes.get(s, 1))
+        for s in range(0, n * every, every)
+    ]
+
+
+def _run_logged(detector, points: list) -> list:
+    return [a for s, loss in points for a in detector.observe(StepView("r", s, s, loss, 1.0))]
+
+
+def test_loss_spike_on_a_falling_loss_logged_every_10_steps() -> None:
+    # The median of the last 50 logged steps (500 steps) lagged the falling loss by ~18%
+    # at step 400, so a 1.35x spike looked like 1.15x, under the 20% guard.
+    for seed in range(5):
+        (alert,) = _run_logged(LossSpikeDetector(), _logged_every(10, 100, seed, {400: 1.35}))
+        assert alert.step == 400 and 1.3 < alert.value / alert.baseline < 1.4
+        assert _run_logged(LossSpikeDetector(), _logged_every(10, 100, seed)) == []
+
+
+def test_no_alert_where_a_fast_fall_flattens_out() -> None:
+    # A loss that halves over ~10 logged steps and then stays flat: a level that followed
+    # the earlier trend past the bend would stand below the flat loss and raise alarms.
+    for seed in range(10):
+        rng = random.Random(seed)
+        drop = [3 + 3 / (1 + math.exp((i - 80) / 2.5)) for i in range(200)]
+        points = [(50 * i, x * math.exp(rng.gauss(0, 0.01))) for i, x in enumerate(drop)]
+        assert _run_logged(LossSpikeDetector(), points) == []
+
+
 def test_nonfinite_names_first_bad_layer() -> None:
     layers = LayerView.of(grad_norm=[1.0, 2.0, math.inf, math.nan], act_rms=[1.0] * 4)
     view = StepView("r", 7, 0.0, math.nan, math.inf, layers=layers)

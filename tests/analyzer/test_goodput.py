@@ -55,3 +55,33 @@ def test_a_clean_run_is_all_productive() -> None:
     steps = {"step": list(range(100)), "time_unix_s": [T0 + s for s in range(100)]}
     g = goodput("r", steps, {})
     assert g.ratio == pytest.approx(1.0) and g.stalls == g.restarts == 0
+
+
+def _steady(n: int) -> dict:
+    return {"step": list(range(n)), "time_unix_s": [T0 + s for s in range(n)]}
+
+
+def test_a_checkpoint_after_the_last_logged_step_is_outside_the_wall_time() -> None:
+    # 100 steps of 1 s, then a 120 s save that ends at T0 + 219: not in the wall time
+    # (first step's start to last logged step), so it costs none of it.
+    saved = {"step": [99], "kind": ["checkpoint"], "detail": ['{"duration_s": 120}']}
+    g = goodput("r", _steady(100), {**saved, "time_unix_s": [T0 + 219]})
+    assert (g.wall_s, g.productive_s) == (pytest.approx(100), pytest.approx(100))
+    assert (g.checkpoints, g.checkpoint_s, g.ratio) == (0, 0.0, pytest.approx(1.0))
+
+
+def test_a_cause_costs_at_most_what_its_gap_holds() -> None:
+    # An asynchronous 120 s save reported between two 1 s steps held nothing up; a 30 s
+    # synchronous one at step 50 holds its gap up by 30 s.
+    steps = _steady(100)
+    steps["time_unix_s"] = [t + (30 if s >= 51 else 0) for s, t in enumerate(steps["time_unix_s"])]
+    events = {
+        "step": [20, 50],
+        "kind": ["checkpoint", "checkpoint"],
+        "detail": ['{"duration_s": 120}', '{"duration_s": 30}'],
+        "time_unix_s": [T0 + 20.5, T0 + 80.5],
+    }
+    g = goodput("r", steps, events)
+    assert (g.checkpoints, g.checkpoint_s) == (2, pytest.approx(30))
+    assert (g.wall_s, g.productive_s) == (pytest.approx(130), pytest.approx(100))
+    assert 0 <= g.ratio <= 1

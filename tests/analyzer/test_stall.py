@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from dataclasses import replace
 
 from trainvitals.analyzer.stall import StallDetector
@@ -49,3 +50,27 @@ def test_jittery_clean_runs_do_not_stall() -> None:
 
     for seed in range(4):
         assert run(StallDetector(), fleet(300, seed=seed, fault=jitter)) == []
+
+
+def test_a_huge_rank_id_costs_memory_by_ranks_seen_not_by_its_value() -> None:
+    # Ingest accepts rank ids up to 2**31 - 1; per-rank state sized by the largest id
+    # allocated 16 GiB for one such row. Here rank 2**31 - 1 reports, then goes silent.
+    big = 2**31 - 1
+
+    def sparse_ids(views):
+        for v in views:
+            r = v.ranks
+            keep = slice(None) if v.step < 50 else slice(0, -1)
+            rank = r.rank.copy()
+            rank[-1] = big
+            cols = {k: getattr(r, k)[keep] for k in ("loss", "wait_time_s")}
+            yield replace(v, ranks=RankView(rank=rank[keep], **cols))
+
+    tracemalloc.start()
+    try:
+        (alert,) = run(StallDetector(), sparse_ids(fleet(150, ranks=4)))
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert alert.rank == big and f"rank {big} reported nothing" in alert.message
+    assert peak_bytes < 16 * 2**20
