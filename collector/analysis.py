@@ -13,10 +13,11 @@ over the committed rows, in step order, a window of steps at a time, as the repl
 The committed rows wait in memory, not re-read from the store: reading a window back costs
 a scan of every row group whose steps overlap it, and runs sharing a store overlap (every
 run starts at step 0), which made reads the writer's main competitor. Buffered rows are
-what the store holds: a key already buffered keeps its first copy, as `INSERT OR IGNORE`
-does. The buffer is bounded (`max_rows`): a writer that gets that far ahead waits for the
-analyzer, which then analyses what is committed without waiting `delay_s`: ingest slows
-down (503, retried) rather than memory growing or alerts being skipped.
+what the store holds: the writer passes on only the rows the store added (a resent key
+keeps its first copy there), and a key already buffered keeps its first copy. The buffer
+is bounded (`max_rows`): a writer that gets that far ahead waits for the analyzer, which
+then analyses what is committed without waiting `delay_s`: ingest slows down (503,
+retried) rather than memory growing or alerts being skipped.
 
 Cost: alerts come `delay_s` (1 s) later, against Prometheus's 15 s scrape interval; rows
 that arrive later than that behind a newer step are stored but not analysed live (as
@@ -101,7 +102,11 @@ class LiveAnalysis:
         self._thread.start()
 
     def committed(self, run_id: str, tables: dict[str, pa.Table]) -> None:
-        """The writer committed `tables` of `run_id` (call in commit order). May wait."""
+        """The writer committed `tables` of `run_id` (call in commit order). May wait.
+
+        `tables` holds the rows the store added, not the batch as sent: a resent runs row
+        that the store ignored must not replace the metadata the detectors read.
+        """
         parts = {n: t for n, t in tables.items() if n in _TABLES and t.num_rows}
         rows = sum(t.num_rows for t in parts.values())
         with self._cond:

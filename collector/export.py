@@ -21,7 +21,7 @@ import duckdb
 
 from trainvitals.schema import SCHEMA_VERSION, STORE_TABLES, TABLES
 
-from .store import Store, StoreError
+from .store import Store, StoreError, is_export  # importer.py imports is_export from here
 
 
 def export_store(store_path: str, out_dir: str, run_id: str | None = None) -> dict[str, int]:
@@ -68,11 +68,6 @@ def _write(rows, folder: Path) -> None:
         rows, folder, format="parquet", partitioning=["run_id"], partitioning_flavor="hive",
         file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
     )  # fmt: skip
-
-
-def is_export(path: Path) -> bool:
-    """True if `path` is laid out as an export: a folder per table, run_id=<id> inside."""
-    return path.is_dir() and any((path / t).is_dir() for t in STORE_TABLES)
 
 
 def read_export(path: Path, max_rows: int = 5000) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -38,8 +38,12 @@ DECODERS = {
 def check_token(settings: Settings, authorization: str | None) -> None:
     if not settings.ingest_token:
         return
-    expected = f"Bearer {settings.ingest_token}"
-    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+    # "<scheme> <token>"; the scheme is case-insensitive (RFC 7235 section 2.1).
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    right = scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip().encode(), settings.ingest_token.encode()
+    )
+    if not right:
         raise HTTPException(
             401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
         )
@@ -66,17 +70,32 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    # Bounded decompression: a small bomb must not expand into memory unchecked.
+    """The body decompressed: each gzip member in turn, as RFC 1952 allows several."""
+    parts, size, rest = [], 0, body
+    while rest or not parts:
+        # Bounded: a small bomb must not expand into memory unchecked. One byte over the
+        # limit is enough to know the body is too large.
+        try:
+            out, rest = _gunzip_member(rest, limit + 1 - size)
+        except zlib.error as e:
+            offset = len(body) - len(rest)
+            where = f"data after its end (byte {offset}) is not a gzip member: " if parts else ""
+            raise HTTPException(400, f"body is not valid gzip: {where}{e}") from e
+        size += len(out)
+        if size > limit:
+            raise HTTPException(413, f"decompressed body exceeds the limit of {limit} bytes")
+        parts.append(out)
+    return b"".join(parts)
+
+
+def _gunzip_member(data: bytes, max_bytes: int) -> tuple[bytes, bytes]:
+    """(the first gzip member of `data` decompressed, at most `max_bytes`; the bytes after
+    it). zlib.error if the member is cut off or not gzip."""
     d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(body, limit + 1)
-    except zlib.error as e:
-        raise HTTPException(400, f"body is not valid gzip: {e}") from e
-    if len(out) > limit or d.unconsumed_tail:
-        raise HTTPException(413, f"decompressed body exceeds the limit of {limit} bytes")
-    if not d.eof or d.unused_data:  # a cut-off stream, or bytes after its end
-        raise HTTPException(400, "body is not valid gzip: truncated, or data after its end")
-    return out
+    out = d.decompress(data, max_bytes)
+    if len(out) < max_bytes and not d.eof:
+        raise zlib.error("truncated")
+    return out, d.unused_data
 
 
 @router.post("/api/v1/ingest", status_code=202)

@@ -55,12 +55,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next) -> Response:
-        response = await call_next(request)
-        store = getattr(request.app.state, "store", None)
-        if store is not None:
-            store.state.count_request(response.status_code)
-            if request.url.path == "/api/v1/ingest" and 400 <= response.status_code < 500:
-                store.state.count_rejected()
+        try:
+            response = await call_next(request)
+        except Exception:
+            # An unhandled error leaves here as an exception; the server answers 500 to it
+            # (Starlette's ServerErrorMiddleware, outside this one), so count it as that.
+            _count(request, 500)
+            raise
+        _count(request, response.status_code)
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -70,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return FastJSONResponse({"detail": "; ".join(problems)}, status_code=422)
 
     @app.get("/healthz", tags=["health"])
+    @app.head("/healthz", tags=["health"])  # load balancers and uptime checks probe with HEAD
     def healthz(request: Request) -> dict[str, Any]:
         store: Store = request.app.state.store
         return {"status": "ok", "replay": store.read_only, "queue_depth_batches": store.queue_depth}
@@ -79,6 +82,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(otlp.router)  # POST /v1/metrics, see docs/otlp.md
     return app
+
+
+def _count(request: Request, status: int) -> None:
+    """Count a request by status in /metrics; a 4xx to ingest is a rejected batch too."""
+    store = getattr(request.app.state, "store", None)
+    if store is None:
+        return
+    store.state.count_request(status)
+    if request.url.path == "/api/v1/ingest" and 400 <= status < 500:
+        store.state.count_rejected()
 
 
 def app_from_env() -> FastAPI:

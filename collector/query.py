@@ -47,13 +47,34 @@ def _columns(table: pa.Table) -> dict[str, list]:
 
 
 def _require_run(store: Store, run_id: str) -> None:
+    """404 unless the run has a runs or steps row: what /runs lists (see _why_not_served)."""
     found = store.query(
         "SELECT 1 FROM steps WHERE run_id = ? "
         "UNION ALL SELECT 1 FROM runs WHERE run_id = ? LIMIT 1",
         [run_id, run_id],
     )
     if found.num_rows == 0:
-        raise HTTPException(404, f"no run {run_id!r} in this store")
+        raise HTTPException(404, f"no run {run_id!r} in this store{_why_not_served(store, run_id)}")
+
+
+def _why_not_served(store: Store, run_id: str) -> str:
+    """Why a run with rows in other tables only is not served, or '' if it has none.
+
+    A run is listed, and served, from its first runs or steps row, which the hooks send
+    first. Listing runs found in the per-rank tables too would scan those, the largest,
+    on every poll of /runs; this check costs that only for an unknown run.
+    """
+    held = [
+        t
+        for t in ("ranks", "layers", "events")
+        if store.query(f"SELECT 1 FROM {t} WHERE run_id = ? LIMIT 1", [run_id]).num_rows
+    ]
+    if not held:
+        return ""
+    return (
+        f": it has {' and '.join(held)} rows only; a run is served once its runs or "
+        "steps rows are stored"
+    )
 
 
 def _step_window(
@@ -61,11 +82,14 @@ def _step_window(
 ) -> tuple[int, int, int]:
     """(start, end, bucket_steps) for a window holding at most `points` buckets."""
     if end is None:
-        end = (
+        latest = (
             store.query("SELECT coalesce(max(step), 0) FROM steps WHERE run_id = ?", [run_id])
             .column(0)[0]
             .as_py()
         )
+        # A window after the latest step is empty, not an error: a client following a
+        # live run asks for the steps after the ones it has, before they exist.
+        end = max(start, latest)
     if end < start:
         raise HTTPException(422, f"end ({end}) is before start ({start})")
     return start, end, max(1, math.ceil((end - start + 1) / points))

@@ -20,7 +20,10 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest accepted ingest body")
     retention_days: float = Field(
-        0, ge=0, description="drop runs whose last step is older than this; 0 keeps every run"
+        0,
+        ge=0,
+        allow_inf_nan=False,  # NaN would fail `ge` with a message that hides the cause
+        description="drop runs whose last step is older than this; 0 keeps every run",
     )
     memory_limit: str = Field(
         DEFAULT_MEMORY_LIMIT, description="most memory DuckDB may use, e.g. 2GB or 512MiB"

@@ -34,10 +34,30 @@ STEP_FIELDS = (
 @dataclass
 class RunState:
     latest: dict[str, float] = field(default_factory=dict)
-    rank_step_time_s: dict[str, float] = field(default_factory=dict)  # median, p99, max
     # (kind, culprit rank or None) -> alerts raised
     alerts_by_kind: Counter = field(default_factory=Counter)
     ended_unix_s: float | None = None  # when the run reported a clean end
+    # The latest step with ranks rows, and their step times in seconds, one array per batch:
+    # exporters that send per node split a step's ranks rows across batches.
+    ranks_step: int = -1
+    rank_times_s: list[np.ndarray] = field(default_factory=list)
+
+    def add_rank_times(self, step: int, times_s: np.ndarray) -> None:
+        """Fold in step times of ranks at `step` (each rank once: the store's added rows)."""
+        if step < self.ranks_step:
+            return  # a late batch of an older step: the summary is of the latest step
+        if step > self.ranks_step:
+            self.ranks_step, self.rank_times_s = step, []
+        self.rank_times_s.append(times_s)
+
+    @property
+    def rank_step_time_s(self) -> dict[str, float]:
+        """Median, p99 and max of the latest step's rank step times; {} before any.
+
+        Computed when read (a scrape, every 15 s or so), not per batch: a step of 1,024
+        per-node batches would sort its growing set of ranks 1,024 times.
+        """
+        return _rank_summary(np.concatenate(self.rank_times_s)) if self.rank_times_s else {}
 
 
 @dataclass
@@ -60,14 +80,18 @@ class LiveState:
         self.stats = CollectorStats()
 
     def update(self, run_id: str, tables: dict[str, Any]) -> None:
-        """Fold one committed batch into its run's latest values."""
+        """Fold the rows a commit added to the store into their run's latest values.
+
+        Pass only the rows the store added, not a batch as sent: a resent key keeps its
+        first copy in the store, and /metrics must say what the store says.
+        """
         last = ranks = end = None
         steps = tables.get("steps")
         if steps is not None and steps.num_rows:
             newest = pc.index(steps.column("step"), pc.max(steps.column("step"))).as_py()
             last = steps.select(list(STEP_FIELDS)).slice(newest, 1).to_pylist()[0]
         if tables.get("ranks") is not None and tables["ranks"].num_rows:
-            ranks = _rank_summary(tables["ranks"])
+            ranks = _latest_step_times(tables["ranks"])
         events = tables.get("events")
         if events is not None and events.num_rows:
             ends = events.filter(pc.equal(events.column("kind"), "run_end"))
@@ -77,7 +101,7 @@ class LiveState:
             if last is not None and last["step"] >= run.latest.get("step", -1):
                 run.latest = last
             if ranks is not None:
-                run.rank_step_time_s = ranks
+                run.add_rank_times(*ranks)
             if end is not None:
                 run.ended_unix_s = max(end, run.ended_unix_s or end)
             for name, t in tables.items():
@@ -115,7 +139,7 @@ class LiveState:
                 self.runs.setdefault(row.pop("run_id"), RunState()).latest = row
             for run_id in set(ranks.column("run_id").to_pylist()):
                 mine = ranks.filter(pc.equal(ranks.column("run_id"), run_id))
-                self.runs.setdefault(run_id, RunState()).rank_step_time_s = _rank_summary(mine)
+                self.runs.setdefault(run_id, RunState()).add_rank_times(*_latest_step_times(mine))
             for row in ends:
                 self.runs.setdefault(row["run_id"], RunState()).ended_unix_s = row["t"]
             for row in alerts:
@@ -127,9 +151,10 @@ class LiveState:
             runs = {
                 k: RunState(
                     dict(v.latest),
-                    dict(v.rank_step_time_s),
                     Counter(v.alerts_by_kind),
                     v.ended_unix_s,
+                    v.ranks_step,
+                    list(v.rank_times_s),  # the arrays are never changed, only added
                 )
                 for k, v in self.runs.items()
             }
@@ -170,11 +195,16 @@ class LiveState:
                 self.stats.write_seconds_sum += seconds
 
 
-def _rank_summary(ranks: Any) -> dict[str, float]:
-    """Median, p99 and max of per-rank step time at the batch's latest step."""
+def _latest_step_times(ranks: Any) -> tuple[int, np.ndarray]:
+    """(latest step of a ranks table, step_time_s of its rows at that step)."""
     step = ranks.column("step").to_numpy()
-    times = ranks.column("step_time_s").to_numpy()
-    times = np.sort(times[step == step.max()])
+    latest = int(step.max())
+    return latest, ranks.column("step_time_s").to_numpy()[step == latest]
+
+
+def _rank_summary(times_s: np.ndarray) -> dict[str, float]:
+    """Median, p99 and max of per-rank step times, in seconds."""
+    times = np.sort(times_s)
     n, mid = len(times), len(times) // 2
     median = times[mid] if n % 2 else (times[mid - 1] + times[mid]) / 2  # as statistics.median
     p99 = times[min(n - 1, int(0.99 * n))]

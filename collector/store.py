@@ -7,7 +7,9 @@ completes their futures: ingest answers only once the future says its batch is c
 so an acknowledged batch survives a kill -9 of the collector. If a group fails, its
 batches are retried one by one, so that one bad batch fails alone and every batch is
 still stored whole or not at all. `INSERT OR IGNORE` on each table's key makes a resent
-batch a no-op, also when the first copy is in the same group.
+batch a no-op, also when the first copy is in the same group. Only the rows the store
+added go on to /metrics (state.py) and the analyzer, so neither sees a resend's values
+where the store kept the first copy's.
 
 The analyzer runs behind the writer, on the committed rows (analysis.py), not in the commit.
 """
@@ -18,11 +20,14 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from trainvitals.analyzer import Analyzer
@@ -175,29 +180,35 @@ class Store:
     def _write(self, cur: duckdb.DuckDBPyConnection, group: list[tuple]) -> None:
         start = time.perf_counter()
         try:
-            _append(cur, [tables for _, tables, _ in group])
-            stored = group
+            added = _append(cur, [tables for _, tables, _ in group])
+            pairs = zip(group, added, strict=True)
+            stored = [(run_id, rows, done) for (run_id, _, done), rows in pairs]
         except Exception as e:
             if len(group) == 1:
                 stored = self._failed(group[0], e)
             else:  # find the bad batch: the others still land, each whole
-                stored = [item for item in group if self._write_one(cur, item)]
+                stored = [ok for item in group if (ok := self._write_one(cur, item))]
         seconds = time.perf_counter() - start
-        for run_id, tables, done in stored:
-            self.state.update(run_id, tables)
+        # Only the rows the store added go on: a resent key keeps its first copy in the
+        # store, so /metrics and the analyzer must not see the resend's values either.
+        for run_id, rows, done in stored:
+            self.state.update(run_id, rows)
             done.set_result(None)
-            self.analysis.committed(run_id, tables)  # waits if the analyzer is far behind
+            self.analysis.committed(run_id, rows)  # waits if the analyzer is far behind
         if stored:
             self.state.count_write(seconds, batches=len(stored))
         for _ in group:
             self._queue.task_done()
 
-    def _write_one(self, cur: duckdb.DuckDBPyConnection, item: tuple) -> bool:
+    def _write_one(self, cur: duckdb.DuckDBPyConnection, item: tuple) -> tuple | None:
+        """(run_id, rows added, future) once `item` is stored; None if it failed."""
+        run_id, tables, done = item
         try:
-            _append(cur, [item[1]])
-            return True
+            (added,) = _append(cur, [tables])
+            return run_id, added, done
         except Exception as e:
-            return bool(self._failed(item, e))
+            self._failed(item, e)
+            return None
 
     def _failed(self, item: tuple, error: Exception) -> list:
         # Counted and exported (trainvitals_collector_write_errors_total); the sender hears
@@ -282,6 +293,13 @@ def _open_read_only(path: str) -> duckdb.DuckDBPyConnection:
     source cannot gain them: the views fill them with NULL, so every query of this version
     runs on it. Views live in the in-memory database, so every cursor sees them.
     """
+    if Path(path).is_dir() and not is_export(Path(path)):
+        # Else a typo in a path would serve an empty store: an empty dashboard, no error.
+        raise StoreError(
+            f"{path} is not a trainvitals export: no table folder ({', '.join(STORE_TABLES)}); "
+            "`trainvitals export STORE OUT` writes OUT/<table>/run_id=<id>/*.parquet. To "
+            "serve a store, name its DuckDB file"
+        )
     con = duckdb.connect()
     quoted = path.replace("'", "''")
     if Path(path).is_dir():
@@ -308,6 +326,11 @@ def _open_read_only(path: str) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def is_export(path: Path) -> bool:
+    """True if `path` is laid out as an export: a folder per table, run_id=<id> inside."""
+    return path.is_dir() and any((path / t).is_dir() for t in STORE_TABLES)
+
+
 def _parquet_source(root: Path, table: str) -> str | None:
     """read_parquet over a table's hive partitions (run_id=...), or None if it has none."""
     if not any((root / table).glob("*/*.parquet")):
@@ -316,30 +339,101 @@ def _parquet_source(root: Path, table: str) -> str | None:
     return f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
 
 
-def _append(cur: duckdb.DuckDBPyConnection, batches: list[dict[str, pa.Table]]) -> None:
-    """One transaction, one INSERT per table, for every batch of `batches` together."""
+def _append(
+    cur: duckdb.DuckDBPyConnection, batches: list[dict[str, pa.Table]]
+) -> list[dict[str, pa.Table]]:
+    """One transaction for every batch of `batches` together; per batch, the rows it added.
+
+    A batch adds all its rows, unless a key is stored already (a resend) or came earlier in
+    the group: that row is left out, as the store keeps the first copy.
+    """
+    try:
+        with _transaction(cur):
+            for name, arrow in _merged(batches).items():
+                _insert(cur, name, arrow)
+        return batches
+    except duckdb.ConstraintException:
+        # Rarely so: plain INSERT first, as finding out which rows are new costs about
+        # twice the CPU per row even when nothing conflicts.
+        with _transaction(cur):
+            return _insert_new(cur, batches)
+
+
+def _merged(batches: list[dict[str, pa.Table]]) -> dict[str, pa.Table]:
+    """table name -> the rows of every batch, in batch order."""
     by_table: dict[str, list[pa.Table]] = {}
     for tables in batches:
         for name, arrow in tables.items():
             by_table.setdefault(name, []).append(arrow)
-    merged = {n: p[0] if len(p) == 1 else pa.concat_tables(p) for n, p in by_table.items()}
-    try:
-        _insert(cur, merged, "INSERT")
-    except duckdb.ConstraintException:
-        # A key is stored already (a resend) or twice in the group. Rarely so: plain INSERT
-        # first, as OR IGNORE costs about twice the CPU per row even when nothing conflicts.
-        _insert(cur, merged, "INSERT OR IGNORE")
+    return {n: p[0] if len(p) == 1 else pa.concat_tables(p) for n, p in by_table.items()}
 
 
-def _insert(cur: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], verb: str) -> None:
+@contextmanager
+def _transaction(cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
     cur.execute("BEGIN")
     try:
-        for name, arrow in tables.items():
-            cols = ", ".join(arrow.column_names)
-            cur.register("incoming", arrow)
-            cur.execute(f"{verb} INTO {name} ({cols}) SELECT {cols} FROM incoming")
-            cur.unregister("incoming")
+        yield
         cur.execute("COMMIT")
     except Exception:
         cur.execute("ROLLBACK")
         raise
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, name: str, arrow: pa.Table) -> None:
+    cols = ", ".join(arrow.column_names)
+    # Not unregistered on failure: that is a statement, refused in an aborted transaction
+    # (the next register replaces the view).
+    cur.register("incoming", arrow)
+    cur.execute(f"INSERT INTO {name} ({cols}) SELECT {cols} FROM incoming")
+    cur.unregister("incoming")
+
+
+def _insert_new(
+    cur: duckdb.DuckDBPyConnection, batches: list[dict[str, pa.Table]]
+) -> list[dict[str, pa.Table]]:
+    """Insert the first copy of each key the store does not hold yet; return, per batch,
+    the rows that went in, in the batch's own schema (what /metrics and the analyzer see)."""
+    added = [dict(tables) for tables in batches]
+    for name, tagged in _merged([_tagged(i, t) for i, t in enumerate(batches)]).items():
+        several = sum(name in tables for tables in batches) > 1
+        rows = _insert_first_copies(cur, name, tagged, several)
+        for i, tables in enumerate(batches):
+            if name in tables:
+                added[i][name] = tables[name].take(rows["_row"][rows["_batch"] == i])
+    return added
+
+
+def _insert_first_copies(
+    cur: duckdb.DuckDBPyConnection, name: str, tagged: pa.Table, several: bool
+) -> dict[str, np.ndarray]:
+    """INSERT OR IGNORE the rows of `tagged` (from `several` batches or one); returns the
+    `_batch` and `_row` of the rows the store added."""
+    key = ", ".join(STORE_TABLES[name].key)
+    cols = ", ".join(c for c in tagged.column_names if c not in ("_batch", "_row"))
+    # Ingest refuses a batch that holds a key twice, so only several batches can: then the
+    # first copy in group order goes in. The window costs more than the INSERT itself (0.6
+    # against 0.4 s for 200,000 rows), so a single batch goes without.
+    first = f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY _batch, _row) = 1"
+    first = first if several else ""
+    cur.register("incoming", tagged)  # as in _insert: not unregistered on failure
+    stored_keys = cur.sql(
+        f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM incoming {first} RETURNING {key}"
+    ).to_arrow_table()
+    cur.register("stored_keys", stored_keys)
+    rows = cur.sql(
+        f"SELECT _batch, _row FROM incoming SEMI JOIN stored_keys USING ({key}) {first} "
+        "ORDER BY _batch, _row"
+    ).fetchnumpy()
+    cur.unregister("incoming")
+    cur.unregister("stored_keys")
+    return rows
+
+
+def _tagged(batch: int, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """Each table with its batch's index and each row's index within the batch."""
+    out = {}
+    for name, arrow in tables.items():
+        n = arrow.num_rows
+        tagged = arrow.append_column("_batch", pa.repeat(pa.scalar(batch, pa.int32()), n))
+        out[name] = tagged.append_column("_row", pa.array(np.arange(n, dtype=np.int64)))
+    return out

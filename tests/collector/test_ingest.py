@@ -31,6 +31,19 @@ def test_gzip_body(client) -> None:
     assert counts(client)["layers"] == 6
 
 
+def test_gzip_body_of_several_members(client) -> None:
+    """RFC 1952 allows concatenated members (`cat a.gz b.gz`, pigz, some proxies)."""
+    body = make_batch().to_json()
+    half = len(body) // 2
+    r = client.post(
+        URL,
+        content=gzip.compress(body[:half]) + gzip.compress(body[half:]),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    )
+    assert r.status_code == 202, r.text
+    assert counts(client) == {"steps": 3, "layers": 6, "ranks": 6}
+
+
 def _bad(doc_change):
     doc = make_batch().to_dict()
     doc_change(doc)
@@ -82,6 +95,8 @@ def _runs_row(**changes) -> dict:
         (gzip.compress(b" " * (8 << 20)), 413, "decompressed body"),
         (gzip.compress(make_batch().to_json())[:-9], 400, "truncated"),
         (gzip.compress(make_batch().to_json()) + b"junk", 400, "after its end"),
+        (gzip.compress(b"{") + gzip.compress(b"}")[:-3], 400, "is not a gzip member: truncated"),
+        (gzip.compress(b"{") + gzip.compress(b" " * (8 << 20)), 413, "decompressed body"),
     ],
 )
 def test_bad_input_is_refused_and_nothing_is_stored(client, body, status, message) -> None:
@@ -146,6 +161,15 @@ def test_bearer_token(settings) -> None:
             c.post(URL, content=body, headers={"authorization": "Bearer s3cret"}).status_code == 202
         )
         assert counts(c)["steps"] == 3
+        # The scheme is case-insensitive (RFC 7235); the token is not.
+        for header, status in (
+            ("bearer s3cret", 202),
+            ("BEARER s3cret", 202),
+            ("bearer S3CRET", 401),
+        ):
+            assert (
+                c.post(URL, content=body, headers={"authorization": header}).status_code == status
+            )
 
 
 def test_rejections_are_counted_in_metrics(client) -> None:

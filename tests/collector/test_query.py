@@ -180,3 +180,32 @@ def test_retention_drops_old_runs_everywhere(tmp_path) -> None:
         assert counts(client, "old") == {"steps": 0, "layers": 0, "ranks": 0}
         assert 'run_id="old"' not in client.get("/metrics").text
         assert store.drop_expired() == []
+
+
+def test_a_window_after_the_last_step_is_empty(client) -> None:
+    _fill(client)  # steps 0..2
+    r = client.get("/api/v1/runs/r1/steps", params={"start": 5})
+    assert r.status_code == 200, r.text
+    assert r.json()["columns"]["step"] == []
+    r = client.get("/api/v1/runs/r1/ranks", params={"start": 5})
+    assert r.status_code == 200 and r.json()["step"] == []
+    r = client.get("/api/v1/runs/r1/steps", params={"start": 2})
+    assert r.json()["columns"]["step"] == [2]
+
+
+def test_a_run_with_ranks_rows_only_says_why_it_is_not_served(client) -> None:
+    from trainvitals.schema import BatchBuilder
+
+    b = BatchBuilder("early")
+    b.append("ranks", step=0, rank=0, step_time_s=0.5, tokens_per_s=1.0, loss=2.0)
+    assert client.post("/api/v1/ingest", content=b.to_json()).status_code == 202
+    counts(client, "early")
+    r = client.get("/api/v1/runs/early/ranks")
+    assert r.status_code == 404
+    assert r.json()["detail"] == (
+        "no run 'early' in this store: it has ranks rows only; a run is served once its "
+        "runs or steps rows are stored"
+    )
+    assert client.get("/api/v1/runs/nope/ranks").json()["detail"] == "no run 'nope' in this store"
+    _fill(client, run_id="early", steps=range(1))
+    assert client.get("/api/v1/runs/early/ranks").json()["rank"] == [0, 1]

@@ -1,0 +1,130 @@
+"""/metrics says what the store holds: merged per-node batches, resends, restarts."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainvitals.analyzer import Analyzer
+from trainvitals.collector.main import create_app
+from trainvitals.collector.store import Store
+from trainvitals.schema import BatchBuilder, to_arrow
+
+from .conftest import counts
+
+URL = "/api/v1/ingest"
+
+
+def _steps(run_id: str, steps: range, loss: float = 2.0) -> BatchBuilder:
+    b = BatchBuilder(run_id)
+    for step in steps:
+        b.append("steps", step=step, time_unix_s=1.7e9 + step, loss=loss, grad_norm=1.0,
+                 tokens=1000, step_time_s=0.5, tokens_per_s=2000.0,
+                 tflops_per_s_per_device=1.0, mfu_ratio=0.3)  # fmt: skip
+    return b
+
+
+def _ranks(run_id: str, step: int, times_s: dict[int, float]) -> BatchBuilder:
+    """One node's ranks rows of one step: rank -> step time in seconds."""
+    b = BatchBuilder(run_id)
+    for rank, seconds in times_s.items():
+        b.append("ranks", step=step, rank=rank, step_time_s=seconds, tokens_per_s=100.0, loss=2.0)
+    return b
+
+
+def _post(client: TestClient, batch: BatchBuilder) -> None:
+    assert client.post(URL, content=batch.to_json()).status_code == 202
+
+
+def _samples(client: TestClient, name: str) -> dict[tuple, float]:
+    """Samples of one metric family: label values -> value."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        if family.name == name:
+            return {tuple(s.labels.values()): s.value for s in family.samples}
+    return {}
+
+
+def test_rank_summary_merges_a_steps_batches_and_ignores_older_steps(settings) -> None:
+    with TestClient(create_app(settings)) as client:
+        _post(client, _steps("m2", range(10, 11)))
+        _post(client, _ranks("m2", 10, {0: 1.0, 1: 1.0}))  # one batch per node
+        _post(client, _ranks("m2", 10, {2: 1.0, 3: 9.0}))
+        _post(client, _ranks("m2", 10, {4: 1.0, 5: 1.0}))
+        _post(client, _ranks("m2", 3, {0: 50.0, 1: 50.0}))  # late, of an older step
+        live = _samples(client, "trainvitals_rank_step_time_seconds")
+    assert live == {("m2", "median"): 1.0, ("m2", "p99"): 9.0, ("m2", "max"): 9.0}
+    with TestClient(create_app(settings)) as restarted:  # rebuilt from the store
+        assert _samples(restarted, "trainvitals_rank_step_time_seconds") == live
+
+
+def test_a_resent_step_keeps_the_stored_values_in_metrics(client) -> None:
+    _post(client, _steps("r1", range(10, 11), loss=2.0))
+    _post(client, _steps("r1", range(10, 11), loss=99.0))  # the store keeps the first copy
+    counts(client)
+    stored = client.get("/api/v1/runs/r1/steps").json()["columns"]["loss"]
+    assert stored == [2.0]
+    assert _samples(client, "trainvitals_loss") == {("r1",): 2.0}
+
+
+def test_ingested_rows_count_only_rows_written(client) -> None:
+    for _ in range(2):
+        _post(client, _steps("r1", range(3)))
+    counts(client)
+    rows = _samples(client, "trainvitals_collector_ingested_rows")
+    assert rows == {("steps",): 3.0}
+
+
+def test_a_group_with_a_resend_passes_on_each_batchs_new_rows(tmp_path) -> None:
+    """Batches queued together are one commit; the overlap goes to the first one only."""
+    store = Store(str(tmp_path / "s.duckdb"), analysis_delay_s=0)
+    try:
+        for batch in (_steps("r1", range(3), loss=2.0), _steps("r1", range(2, 5), loss=7.0)):
+            store.submit(*to_arrow(batch.to_dict()))
+        store.start()  # the writer finds both waiting: one group
+        store.flush()
+        assert store.state.stats.commits == 1
+        assert store.state.stats.ingested_rows == {"steps": 5}
+        stored = store.query("SELECT step, loss FROM steps ORDER BY step").to_pylist()
+        assert [r["loss"] for r in stored] == [2.0, 2.0, 2.0, 7.0, 7.0]
+        assert store.state.runs["r1"].latest["loss"] == 7.0
+    finally:
+        store.close()
+
+
+class _Recorder(Analyzer):
+    """An analyzer that notes the tensor-parallel degree of each runs table it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tp_seen: list[int] = []
+
+    def observe(self, run_id, tables):
+        if "runs" in tables:
+            self.tp_seen.append(tables["runs"].column("tp")[0].as_py())
+        return super().observe(run_id, tables)
+
+
+def _runs_row(tp: int) -> dict[str, list]:
+    row = {
+        "started_unix_s": 1.7e9, "model": "m", "model_config_json": "{}", "n_params": 10,
+        "n_layers": 0, "layer_names_json": "[]", "world_size": 2, "dp": 2 // tp, "tp": tp,
+        "device_type": "cpu", "device_name": "cpu", "hosts_json": '["h0"]',
+        "flops_per_token": 6.0, "peak_flops_per_s": 1e12, "peak_flops_source": "given",
+    }  # fmt: skip
+    return {k: [v] for k, v in row.items()}
+
+
+def test_analyzer_keeps_the_stored_runs_row_when_it_is_resent_changed(tmp_path) -> None:
+    recorder = _Recorder()
+    store = Store(str(tmp_path / "s.duckdb"), analyzer=recorder, analysis_delay_s=0)
+    store.start()
+    try:
+        for tp, steps in ((1, range(3)), (2, range(3, 6))):
+            doc = _steps("r1", steps).to_dict()
+            doc["runs"] = _runs_row(tp)
+            store.submit(*to_arrow(doc)).result(timeout=10)
+            store.flush()
+        assert store.query("SELECT tp FROM runs").column(0).to_pylist() == [1]
+        assert recorder.tp_seen == [1, 1]
+    finally:
+        store.close()

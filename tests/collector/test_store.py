@@ -1,0 +1,30 @@
+"""The store's read-only side: what `collector --replay` accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainvitals.cli import main
+from trainvitals.collector.store import Store, StoreError
+
+
+@pytest.mark.parametrize("content", [None, "readme.txt"])
+def test_replay_refuses_a_folder_that_is_not_an_export(tmp_path, monkeypatch, content) -> None:
+    import uvicorn
+
+    def serve(*_args, **_kwargs) -> None:  # a regression fails here rather than serving
+        raise AssertionError("the collector started serving the folder")
+
+    monkeypatch.setattr(uvicorn, "run", serve)
+    if content:
+        (tmp_path / content).write_text("not telemetry")
+    with pytest.raises(StoreError, match="is not a trainvitals export: no table folder"):
+        Store(str(tmp_path), read_only=True)
+    with pytest.raises(SystemExit) as stopped:  # the command says so, and serves nothing
+        main(["collector", "--replay", str(tmp_path), "--port", "1"])
+    message = str(stopped.value.code)
+    assert message == (
+        f"error: {tmp_path} is not a trainvitals export: no table folder (runs, steps, "
+        "layers, ranks, events, alerts); `trainvitals export STORE OUT` writes "
+        "OUT/<table>/run_id=<id>/*.parquet. To serve a store, name its DuckDB file"
+    )
