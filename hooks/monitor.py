@@ -558,11 +558,12 @@ class Monitor:
             "tokens": tokens,
             **{k: getattr(power, k, math.nan) for k in SAMPLED_FIELDS},
             "replica_group": math.nan if self.replica.group is None else self.replica.group,
-            # Filled on the device below, or NaN. Writing a Python number into a device
+            # Filled on the device below, or NaN (a negative sum of squares: not measured,
+            # so that a measured NaN stays one). Writing a Python number into a device
             # tensor would copy it from pageable memory and synchronise.
             "canary_fingerprint": math.nan,
             "replica_fingerprint": math.nan,
-            "grad_sumsq_local": math.nan,
+            "grad_sumsq_local": -1.0,
         }
         act_sumsq, act_nonfinite, act_count = self._activation_stats()
         # One host->device copy for every host-side number.

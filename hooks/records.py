@@ -139,6 +139,12 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _measured_norm(sumsq: float) -> float | None:
+    """The norm of a sum of squares the hooks mark negative when they did not measure it:
+    None then; NaN or inf when the values held one (a finding, not a gap)."""
+    return None if sumsq < 0 else math.sqrt(sumsq)
+
+
 def _int_or_none(x: float) -> int | None:
     return int(x) if math.isfinite(x) else None
 
@@ -221,7 +227,7 @@ def append_step(
             step_time_s=slot["step_time_s"],
             tokens_per_s=_safe_div(slot["tokens"], slot["step_time_s"]),
             loss=slot["loss"],
-            grad_norm_local=_finite_or_none(math.sqrt(slot["grad_sumsq_local"])),
+            grad_norm_local=_measured_norm(slot["grad_sumsq_local"]),
             wait_time_s=release - slot["arrival_unix_s"],
             **{name: _finite_or_none(slot[name]) for name in _AS_IS},
             **{name: _int_or_none(slot[name]) for name in _INTEGER},

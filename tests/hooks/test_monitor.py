@@ -249,6 +249,9 @@ def test_nonfinite_values_of_a_logged_step_are_counted(model) -> None:
     (step,) = out.rows("steps")
     grad_bad = sum(r["nonfinite_count"] for r in out.rows("layers"))
     assert grad_bad > 0 and step["nonfinite_count"] >= 3 + grad_bad
+    # The rank's own gradient norm says so too: NaN, not null (null: not measured).
+    (rank,) = out.rows("ranks")
+    assert rank["grad_norm_local"] == "NaN"  # on the wire: JSON has no NaN literal
 
 
 def test_data_time_is_the_wait_before_forward(model) -> None:
