@@ -60,6 +60,11 @@ def _doc(**changes):
         (_doc(ranks={**_doc()["ranks"], "rank": [0, 1.5]}), r"ranks.rank: .*whole numbers.*1\.5"),
         (_doc(ranks={**_doc()["ranks"], "rank": [0, None]}), "null"),
         (_doc(ranks={**_doc()["ranks"], "extra": [1, 2]}), "unknown fields"),
+        (
+            _doc(ranks={**_doc()["ranks"], "step_time_s": [0.5, -5.0]}),
+            r"ranks.step_time_s: -5.0 is below 0; it cannot be negative",
+        ),
+        (_doc(ranks={**_doc()["ranks"], "wait_time_s": [-0.1, 0.0]}), "ranks.wait_time_s: -0.1"),
         (_doc(ranks=[1, 2]), "must be an object"),
         ([1, 2], "JSON object"),
         ({"schema_version": SCHEMA_VERSION, "run_id": "r"}, "holds no table"),
@@ -68,6 +73,12 @@ def _doc(**changes):
 def test_bad_batches_are_refused_with_the_field_named(doc, message) -> None:
     with pytest.raises(SchemaError, match=message):
         to_arrow(doc)
+
+
+def test_a_bounded_optional_field_takes_null() -> None:
+    """Null (not measured) is not out of bounds."""
+    _, tables = to_arrow(_doc(ranks={**_doc()["ranks"], "data_time_s": [None, 0.0]}))
+    assert tables["ranks"].column("data_time_s").to_pylist() == [None, 0.0]
 
 
 def test_whole_floats_in_an_integer_field_are_stored_as_integers() -> None:

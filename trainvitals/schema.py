@@ -67,6 +67,9 @@ RUN_ID_RULE = "1-128 characters: letters, digits and . _ : @ + = -, starting wit
 # step survives JSON readers, Prometheus and the dashboard's charts unchanged.
 STEP_BOUNDS = (0, 2**53 - 1)
 INDEX_BOUNDS = (0, 2**31 - 1)  # layer and rank indices
+# Times, durations, counts, rates, power and energy: a negative one is a producer's bug, and
+# would reach /metrics and the detectors as if it were a reading.
+NONNEGATIVE = (0, math.inf)
 
 
 @dataclass(frozen=True)
@@ -78,15 +81,16 @@ class Field:
     doc: str
     required: bool = True
     finite: bool = True
-    # int64: the least and greatest value allowed (a step is never negative).
-    bounds: tuple[int, int] | None = None
+    # Numbers: the least and greatest value allowed (a step is never negative). NaN, where
+    # a field allows it, is not out of bounds.
+    bounds: tuple[float, float] | None = None
     # string: the JSON type (list or dict) the string must hold, so readers can parse it.
     json: type | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"Field {self.name}: dtype must be one of {sorted(DTYPES)}")
-        assert self.bounds is None or self.dtype == "int64", f"{self.name}: bounds on int64"
+        assert self.bounds is None or self.dtype in ("int64", "float64"), f"{self.name}: bounds"
         assert self.json is None or self.dtype == "string", f"{self.name}: json on strings"
 
 
@@ -111,7 +115,7 @@ RUNS = Table(
     key=("run_id",),
     doc="One row per run: what was trained, on what, laid out how.",
     fields=(
-        Field("started_unix_s", "float64", "wall-clock start of the run"),
+        Field("started_unix_s", "float64", "wall-clock start of the run", bounds=NONNEGATIVE),
         Field("model", "string", "model name or preset, e.g. 'llama-tiny'"),
         Field(
             "model_config_json", "string", "the model's configuration as a JSON object", json=dict
@@ -125,7 +129,12 @@ RUNS = Table(
         Field("device_type", "string", "'cuda', 'cpu', ..."),
         Field("device_name", "string", "e.g. 'NVIDIA H100 80GB HBM3'"),
         Field("hosts_json", "string", "JSON list: host name of rank 0, 1, ...", json=list),
-        Field("flops_per_token", "float64", "training FLOPs per token (see hooks/flops.py)"),
+        Field(
+            "flops_per_token",
+            "float64",
+            "training FLOPs per token (see hooks/flops.py)",
+            bounds=NONNEGATIVE,
+        ),
         Field(
             "peak_flops_per_s", "float64", "peak FLOP/s of one device; NaN if unknown", finite=False
         ),
@@ -147,28 +156,47 @@ STEPS = Table(
     doc="One row per logged optimizer step: global quantities of the whole job.",
     fields=(
         Field("step", "int64", "optimizer step, counted from 0", bounds=STEP_BOUNDS),
-        Field("time_unix_s", "float64", "when the last rank reached the step's end"),
+        Field(
+            "time_unix_s",
+            "float64",
+            "when the last rank reached the step's end",
+            bounds=NONNEGATIVE,
+        ),
         Field("loss", "float64", "token-weighted mean training loss", finite=False),
         Field(
             "grad_norm", "float64", "global L2 norm of all gradients, before clipping", finite=False
         ),
         Field("lr", "float64", "learning rate used by the step", required=False),
-        Field("tokens", "int64", "tokens processed by the whole job in this step"),
-        Field("step_time_s", "float64", "wall time of the step on the slowest rank"),
-        Field("tokens_per_s", "float64", "tokens / step_time_s"),
-        Field("tflops_per_s_per_device", "float64", "achieved model TFLOP/s of one device"),
+        Field(
+            "tokens", "int64", "tokens processed by the whole job in this step", bounds=NONNEGATIVE
+        ),
+        Field(
+            "step_time_s",
+            "float64",
+            "wall time of the step on the slowest rank",
+            bounds=NONNEGATIVE,
+        ),
+        Field("tokens_per_s", "float64", "tokens / step_time_s", bounds=NONNEGATIVE),
+        Field(
+            "tflops_per_s_per_device",
+            "float64",
+            "achieved model TFLOP/s of one device",
+            bounds=NONNEGATIVE,
+        ),
         Field("mfu_ratio", "float64", "achieved / peak FLOP/s; NaN if peak unknown", finite=False),
         Field(
             "power_w",
             "float64",
             "power of all devices of the job, mean over the step",
             required=False,
+            bounds=NONNEGATIVE,
         ),
         Field(
             "energy_j",
             "float64",
             "energy of all devices since the monitor started (a resumed run starts again from 0)",
             required=False,
+            bounds=NONNEGATIVE,
         ),
         Field(
             "nonfinite_count",
@@ -252,8 +280,13 @@ RANKS = Table(
     fields=(
         Field("step", "int64", "optimizer step", bounds=STEP_BOUNDS),
         Field("rank", "int64", "global rank", bounds=INDEX_BOUNDS),
-        Field("step_time_s", "float64", "wall time between this rank's step boundaries"),
-        Field("tokens_per_s", "float64", "this rank's tokens / step_time_s"),
+        Field(
+            "step_time_s",
+            "float64",
+            "wall time between this rank's step boundaries",
+            bounds=NONNEGATIVE,
+        ),
+        Field("tokens_per_s", "float64", "this rank's tokens / step_time_s", bounds=NONNEGATIVE),
         Field("loss", "float64", "this rank's local loss", finite=False),
         Field(
             "grad_norm_local",
@@ -262,25 +295,40 @@ RANKS = Table(
             required=False,
             finite=False,
         ),
-        Field("compute_time_s", "float64", "forward + backward + optimizer time", required=False),
+        Field(
+            "compute_time_s",
+            "float64",
+            "forward + backward + optimizer time",
+            required=False,
+            bounds=NONNEGATIVE,
+        ),
         Field(
             "data_time_s",
             "float64",
             "time from the previous step's end to this step's first forward",
             required=False,
+            bounds=NONNEGATIVE,
         ),
         Field(
             "wait_time_s",
             "float64",
             "time waiting at the step's synchronisation point",
             required=False,
+            bounds=NONNEGATIVE,
         ),
-        Field("power_w", "float64", "device power, mean over the step", required=False),
+        Field(
+            "power_w",
+            "float64",
+            "device power, mean over the step",
+            required=False,
+            bounds=NONNEGATIVE,
+        ),
         Field(
             "energy_j",
             "float64",
             "device energy since the monitor started (a resumed run starts again from 0)",
             required=False,
+            bounds=NONNEGATIVE,
         ),
         Field("sm_clock_mhz", "float64", "device SM clock", required=False),
         Field("temperature_c", "float64", "device temperature", required=False),
@@ -349,7 +397,7 @@ EVENTS = Table(
         ),
         Field("kind", "string", "'fault:<type>', 'restart', 'checkpoint'"),
         Field("detail", "string", "parameters as a JSON object", json=dict),
-        Field("time_unix_s", "float64", "wall-clock time"),
+        Field("time_unix_s", "float64", "wall-clock time", bounds=NONNEGATIVE),
     ),
 )
 
@@ -581,12 +629,14 @@ def _strictly_ascending(table: Any, keys: list[str]) -> bool:
     return bool(ascending.all())
 
 
-def _check_bounds(where: str, bounds: tuple[int, int], arr: Any) -> None:
+def _check_bounds(where: str, bounds: tuple[float, float], arr: Any) -> None:
     import pyarrow.compute as pc
 
-    least, greatest = pc.min_max(arr).values()
+    least, greatest = pc.min_max(arr).values()  # NaN is skipped
     if least.as_py() < bounds[0] or greatest.as_py() > bounds[1]:
         bad = least.as_py() if least.as_py() < bounds[0] else greatest.as_py()
+        if bounds[1] == math.inf:
+            raise SchemaError(f"{where}: {bad} is below {bounds[0]}; it cannot be negative")
         raise SchemaError(f"{where}: {bad} is outside {bounds[0]}..{bounds[1]}")
 
 
