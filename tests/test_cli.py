@@ -52,7 +52,7 @@ def test_collector_refuses_an_unopenable_store(tmp_path) -> None:
     [
         (["--port", "70000"], "error: --port: Input should be less than or equal to 65535"),
         (["--retention-days", "-1"], "error: --retention-days: Input should be greater than"),
-        (["--retention-days", "nan"], "error: --retention-days: Input should be greater than"),
+        (["--retention-days", "nan"], "error: --retention-days: Input should be a finite number"),
     ],
 )
 def test_collector_checks_its_flags_before_creating_the_store(tmp_path, flags, message) -> None:
