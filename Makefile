@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make demo   the whole stack (collector, dashboard, 4-rank CPU training run)
 #   make test   lint and the test suite
-# Both create .venv if it is missing and install what they need into it.
+# Both create .venv if it is missing and install what they need into it; `make test` also
+# installs the Debian packages the alerting and browser tests need (system-deps).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +11,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trainvitals-installed
 
-.PHONY: install demo test lint clean
+.PHONY: install system-deps demo test lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +31,10 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+system-deps:
+	bash scripts/install-system-deps.sh
+
+test: lint system-deps
 	$(BIN)/pytest
 
 clean:

@@ -67,7 +67,7 @@ class CanaryDetector:
     until a majority returns. A rank is named once; it is named again only after it has
     agreed with the majority once more (a transient fault that came back). One alert per
     step, naming every new culprit.
-    Latency: the canary interval (`--canary-every`, logged steps between canaries).
+    Latency: the canary interval (`--canary-every`, steps between canaries).
     """
 
     kind: str = "sdc"

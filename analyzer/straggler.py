@@ -2,7 +2,8 @@
 
 In a synchronous job every rank's step takes as long as the slowest rank's, so wall time
 names nobody. Two per-rank signals do:
-- compute time (the hooks report the training thread's CPU time on CPU ranks), scored as
+- compute time (the hooks report the training thread's CPU time on CPU ranks and CUDA
+  event time on GPU ranks), scored as
   the ratio to the cohort's median at the same step;
 - arrival order at the step's synchronisation point: the rank everyone waits for arrives
   last, with the shortest wait.
@@ -10,7 +11,7 @@ A rank is named when, over the last `window` logged steps, its median compute ra
 least 1 + `min_slowdown` and it arrived last in at least `min_last_fraction` of them. The
 default 8% sits under the 10% slowdown that must always be caught and above the 2-6%
 rank-to-rank asymmetry measured on 4 CPU ranks sharing 2 cores. Where
-compute time is not reported (GPU ranks, for now), arrival order alone decides, with a
+compute time is not reported (a producer without it), arrival order alone decides, with a
 stricter `gpu_last_fraction` and a wait that costs the others at least `min_slowdown` of
 the step. Requiring a whole window of evidence keeps one-off hiccups and the slow drift
 of a cluster from alarming; one alert per episode, re-armed once the rank is back to normal

@@ -224,6 +224,11 @@ class MultiExporter:
     def export(self, batch: BatchBuilder) -> bool:
         return all([e.export(batch) for e in self.exporters])
 
+    @property
+    def dropped_batches(self) -> int:
+        """What each exporter dropped, together (the monitor's telemetry_dropped reads it)."""
+        return sum(getattr(e, "dropped_batches", 0) for e in self.exporters)
+
     def shutdown(self, timeout_s: float) -> None:
         for e in self.exporters:
             e.shutdown(timeout_s)

@@ -92,7 +92,9 @@ class MonitorConfig:
     model_config: dict[str, Any] = field(default_factory=dict)
     # Mesh dims along which a block's plain-tensor output is identical (see layers.py).
     activation_replicated_dims: tuple[str, ...] = ("tp",)
-    canary_every: int = 50  # logged steps carry an SDC canary fingerprint this often; 0: off
+    # Steps between SDC canary fingerprints, taken on the logged steps whose number is a
+    # multiple (every lcm(canary_every, log_every) steps); 0: off.
+    canary_every: int = 50
     canary_dtype: str = ""  # "": bfloat16 on CUDA, float32 elsewhere (the usual training dtype)
     power_interval_s: float = 0.1  # power sampling period; 0: no power sampling
     first_step: int = 0  # a resumed run counts on from where its checkpoint left off

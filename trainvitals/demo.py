@@ -99,7 +99,13 @@ def check_flags(args: argparse.Namespace) -> None:
     from trainvitals.trainer.config import TrainConfig
 
     # The trainer's own check of its flags, as `trainvitals train` makes it.
-    TrainConfig(steps=args.steps, dp=DP, tp=TP, collector=f"http://127.0.0.1:{args.collector_port}")
+    TrainConfig(
+        steps=args.steps,
+        dp=DP,
+        tp=TP,
+        device="cpu",
+        collector=f"http://127.0.0.1:{args.collector_port}",
+    )
     if Path(args.store).is_dir():
         raise ValueError(f"--store {args.store} is a folder; name a DuckDB file")
     check_port_free("--collector-port", args.collector_port)
@@ -165,6 +171,8 @@ def run_demo(args: argparse.Namespace) -> int:
             str(TP),
             "--steps",
             str(args.steps),
+            "--device",  # CPU ranks on any machine, one with fewer than 4 GPUs too
+            "cpu",
         ]
         trainer = _spawn(
             [*me, "train", *train, "--collector", collector_url],

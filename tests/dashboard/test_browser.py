@@ -35,7 +35,7 @@ STARTUP_TIMEOUT_S = 90
 RENDER_TIMEOUT_MS = 30_000
 
 pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason=f"needs Debian's chromium at {CHROMIUM} (.ci/run installs it)"
+    not CHROMIUM.exists(), reason=f"needs Debian's chromium at {CHROMIUM} (`make test` installs it)"
 )
 
 

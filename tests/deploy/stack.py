@@ -82,7 +82,7 @@ def binary(name: str) -> str:
         pytest.fail(
             f"{name} not found: install the Debian packages prometheus and "
             "prometheus-alertmanager (apt-get install prometheus prometheus-alertmanager); "
-            ".ci/run does this in CI"
+            "`make test` does this (scripts/install-system-deps.sh)"
         )
     return path
 

@@ -14,7 +14,7 @@ import orjson
 
 from tests.collector.conftest import make_batch
 from tests.conftest import CollectorProcess, free_port
-from trainvitals.hooks.exporter import HttpExporter
+from trainvitals.hooks.exporter import HttpExporter, InMemoryExporter, MultiExporter
 
 
 def _stored_steps(store: Path, run_id: str = "r1") -> list[int]:
@@ -98,6 +98,15 @@ def test_a_batch_the_collector_keeps_failing_on_is_set_aside(tmp_path: Path, col
     assert r.returncode == 0, r.stdout + r.stderr
     collector.stop()
     assert _stored_steps(collector.store, "poison") == [0, 1, 2]
+
+
+def test_a_multi_exporter_counts_what_each_exporter_dropped() -> None:
+    """The trainer sends through a MultiExporter: what one of its exporters drops must still
+    reach the monitor's telemetry_dropped (it reads `dropped_batches`)."""
+    unreachable = HttpExporter(f"http://127.0.0.1:{free_port()}", retries=0, backoff_s=0.001)
+    multi = MultiExporter([InMemoryExporter(), unreachable])  # no spool: a batch is lost
+    assert multi.export(make_batch()) is False
+    assert unreachable.dropped_batches == 1 and multi.dropped_batches == 1
 
 
 def test_import_loads_a_file_once_and_names_a_bad_line(tmp_path: Path, collector) -> None:
