@@ -201,6 +201,7 @@ class JsonlExporter:
     def __init__(self, path: str) -> None:
         self.path = path
         self._file = open(path, "ab")  # noqa: SIM115 - held open for the run's lifetime
+        self.dropped_batches = 0  # batches the file refused (a full disk)
 
     def export(self, batch: BatchBuilder) -> bool:
         try:
@@ -209,10 +210,14 @@ class JsonlExporter:
             return True
         except OSError as e:
             log.error("cannot write telemetry to %s: %s", self.path, e)
+            self.dropped_batches += 1
             return False
 
     def shutdown(self, timeout_s: float) -> None:
-        self._file.close()
+        try:
+            self._file.close()  # flushes what a failed write left in the buffer
+        except OSError as e:
+            log.error("cannot write telemetry to %s: %s", self.path, e)
 
 
 class MultiExporter:

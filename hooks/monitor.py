@@ -92,8 +92,8 @@ class MonitorConfig:
     model_config: dict[str, Any] = field(default_factory=dict)
     # Mesh dims along which a block's plain-tensor output is identical (see layers.py).
     activation_replicated_dims: tuple[str, ...] = ("tp",)
-    # Steps between SDC canary fingerprints, taken on the logged steps whose number is a
-    # multiple (every lcm(canary_every, log_every) steps); 0: off.
+    # Steps between SDC canary fingerprints, taken on the first logged step at or after
+    # each multiple of it (every rank alike); 0: off.
     canary_every: int = 50
     canary_dtype: str = ""  # "": bfloat16 on CUDA, float32 elsewhere (the usual training dtype)
     power_interval_s: float = 0.1  # power sampling period; 0: no power sampling
@@ -137,6 +137,13 @@ class _Event:
 
 
 @dataclass
+class _Flush:
+    """Export what is queued before this at once, then set `done`."""
+
+    done: threading.Event
+
+
+@dataclass
 class _Pending:
     """A logged step in flight: once `wait()` returns, `parts` (the SUM vector then the MAX
     vector, or on CUDA both in one pinned host tensor) hold the reduced values."""
@@ -166,11 +173,14 @@ def attach(
     Telemetry goes to `exporter`, else to the collector at `collector_url`, else nowhere.
     Keyword arguments are MonitorConfig fields. Collective: every rank must call it.
     """
-    ddp = model if isinstance(model, DistributedDataParallel) else None
-    if ddp is not None:
-        model = ddp.module  # its layers are the inner model's
-    # torch.compile(model) wraps it in one module; the layers are the original's.
-    model = getattr(model, "_orig_mod", model)
+    ddp = None
+    while True:  # DDP(compile(m)) and compile(DDP(m)) alike: the layers are m's
+        if isinstance(model, DistributedDataParallel):
+            ddp, model = model, model.module
+        elif hasattr(model, "_orig_mod"):  # what torch.compile wraps a model in
+            model = model._orig_mod
+        else:
+            break
     if exporter is None and collector_url:
         rank = dist.get_rank() if dist.is_initialized() else 0
         exporter = HttpExporter(collector_url, spool_dir=default_spool_dir(rank))
@@ -201,6 +211,9 @@ class Monitor:
         self.params = list(model.parameters())
         if not self.params:
             raise ValueError("attach: the model has no parameters to monitor")
+        _check_attachable(model)
+        self._model = model
+        model._trainvitals_attached = True
         self.layers = find_layers(model)
         self.device = local(self.params[0]).device
         layer_numel = [0] * len(self.layers.names)
@@ -219,6 +232,8 @@ class Monitor:
             model, mesh, self.device, time_collectives=cfg.time_collectives, ddp=ddp
         )
         self._last_logged = cfg.first_step - 1
+        every = cfg.canary_every or 1
+        self._next_canary_step = -(-cfg.first_step // every) * every  # a multiple, not before
 
         self.step_count = cfg.first_step
         self.dropped_steps = 0
@@ -257,6 +272,7 @@ class Monitor:
         )
         self._thread.start()
         self._last_step_end = time.perf_counter()
+        self._closed = False
 
     # ------------------------------------------------------------------ set-up (may sync)
 
@@ -580,7 +596,9 @@ class Monitor:
             slot[_GRAD_LOCAL] = local_grad_sumsq
         elif not self.distributed:  # one process: its gradients are the local ones
             slot[_GRAD_LOCAL] = grad_sumsq.sum()
-        if self.cfg.canary_every and self.step_count % self.cfg.canary_every == 0:
+        if self.cfg.canary_every and self.step_count >= self._next_canary_step:
+            every = self.cfg.canary_every  # the first logged step at or after each multiple
+            self._next_canary_step = (self.step_count // every + 1) * every
             slot[_CANARY] = self.canary.run().double()  # device to device: no sync
             if self.replica.group is not None:
                 slot[_REPLICA] = self.replica.fingerprint().double()
@@ -632,6 +650,12 @@ class Monitor:
                 item = None
             if item is _STOP:
                 break
+            if isinstance(item, _Flush):
+                if len(builder):
+                    self._export(builder)
+                    builder, last_flush = BatchBuilder(self.run_id), time.monotonic()
+                item.done.set()
+                continue
             urgent = isinstance(item, _Event)  # rare, and the record of a crash: sent at once
             if urgent:
                 builder.append("events", **item.row)
@@ -679,14 +703,30 @@ class Monitor:
         except queue.Full:
             self.dropped_steps += 1
 
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Export every step and event queued so far, and wait (up to `timeout_s`) until the
+        exporter has taken them: for a process about to end without `close()` (a crash, an
+        injected one too). True if done in time. Blocks: not for the training step."""
+        done = threading.Event()
+        try:
+            self._queue.put(_Flush(done), timeout=timeout_s)
+        except queue.Full:
+            return False
+        return done.wait(timeout_s)
+
     def close(self, timeout_s: float = 30.0) -> None:
-        """Flush what is pending and stop the background threads. Call on every rank."""
+        """Flush what is pending and stop the background threads. Call on every rank; a
+        second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self.power.close()
         self.timer.close()
         self.update.close()
         self.comms.close()
         for h in self._handles:
             h.remove()
+        self._model._trainvitals_attached = False
         if self.rank == 0:  # a clean end: alerting tells a finished run from a stalled one
             detail = {
                 "telemetry_dropped": self.telemetry_dropped,
@@ -695,11 +735,17 @@ class Monitor:
                 "unlogged_tail_steps": self.step_count - 1 - self._last_logged,
             }
             self.event("run_end", self.step_count, detail=detail)
-        self._queue.put(_STOP)
+        try:
+            self._queue.put(_STOP, timeout=timeout_s)
+        except queue.Full:
+            log.warning("trainvitals export queue stayed full for %.0f s at close", timeout_s)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.warning("trainvitals export thread did not finish within %.0f s", timeout_s)
-        self.exporter.shutdown(timeout_s)
+        try:
+            self.exporter.shutdown(timeout_s)
+        except Exception:  # an exporter must not raise; if one does, training still ends well
+            log.exception("trainvitals exporter failed to shut down")
 
 
 class NullMonitor:
@@ -716,8 +762,25 @@ class NullMonitor:
     def event(self, kind: str, step: int, rank: int = -1, detail: dict | None = None) -> None:
         pass
 
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return True
+
     def close(self, timeout_s: float = 30.0) -> None:
         pass
+
+
+def _check_attachable(model: nn.Module) -> None:
+    """ValueError for a model the monitor cannot watch as it is: one already watched (two
+    monitors would both wrap FSDP's collectives, and closing one would unwrap the other's),
+    or one with parameters not materialized yet (on the meta device)."""
+    if getattr(model, "_trainvitals_attached", False):
+        raise ValueError("attach: a monitor is already attached to this model; close() it first")
+    meta = next((n for n, p in model.named_parameters() if local(p).is_meta), None)
+    if meta is not None:
+        raise ValueError(
+            f"attach: parameter {meta!r} is on the meta device; materialize the model "
+            "(model.to_empty(device=...) and load or initialise its weights) before attach"
+        )
 
 
 def _graph_task_id() -> int:

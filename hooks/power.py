@@ -225,8 +225,13 @@ class PowerSampler:
         self._start_j = self._energy_now()
         # The baseline of the first rates; energy stays unknown until the thread samples it.
         node = self._node.totals() if self._node else None
-        self._latest = replace(self._sample(node), energy_j=math.nan)
-        self._last_read = (time.monotonic(), 0.0)  # (time, energy since start)
+        first = self._sample(node)
+        self._latest = replace(first, energy_j=math.nan)
+        # Power is energy over the time between two samples: a read that finds no new
+        # sample gives the last figure again (dividing by the time between reads would
+        # give 0 then, and the next read several samples' energy at once).
+        self._power_from = first  # the sample the next power figure starts from
+        self._power_w = math.nan
         self._last_sample = self._latest  # the sample the previous read's rates ended at
         self._node_rates = NodeRates()  # the last node rates read() gave
         self._thread = None
@@ -259,15 +264,15 @@ class PowerSampler:
                 self._latest = sample
 
     def read(self) -> PowerReading:
-        """Latest sample, with power and byte rates averaged since the previous read."""
+        """Latest sample, with power and byte rates averaged between the samples since the
+        previous read (or, if none came since, those of the previous read)."""
         with self._lock:
             latest = self._latest
-        now = time.monotonic()
-        last_t, last_j = self._last_read
-        power = math.nan
-        if math.isfinite(latest.energy_j) and now > last_t:
-            power = (latest.energy_j - last_j) / (now - last_t)
-            self._last_read = (now, latest.energy_j)
+        start = self._power_from
+        if math.isfinite(latest.energy_j) and latest.time_s > start.time_s:
+            self._power_w = (latest.energy_j - start.energy_j) / (latest.time_s - start.time_s)
+            self._power_from = latest
+        power = self._power_w
         before, self._last_sample = self._last_sample, latest
         dt_s = latest.time_s - before.time_s
         dev, dev_before = latest.device, before.device

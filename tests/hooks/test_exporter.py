@@ -14,7 +14,12 @@ import orjson
 
 from tests.collector.conftest import make_batch
 from tests.conftest import CollectorProcess, free_port
-from trainvitals.hooks.exporter import HttpExporter, InMemoryExporter, MultiExporter
+from trainvitals.hooks.exporter import (
+    HttpExporter,
+    InMemoryExporter,
+    JsonlExporter,
+    MultiExporter,
+)
 
 
 def _stored_steps(store: Path, run_id: str = "r1") -> list[int]:
@@ -107,6 +112,15 @@ def test_a_multi_exporter_counts_what_each_exporter_dropped() -> None:
     multi = MultiExporter([InMemoryExporter(), unreachable])  # no spool: a batch is lost
     assert multi.export(make_batch()) is False
     assert unreachable.dropped_batches == 1 and multi.dropped_batches == 1
+
+
+def test_a_telemetry_file_on_a_full_disk_counts_its_drops_and_closes_quietly() -> None:
+    """/dev/full refuses every write: each batch is counted as dropped, and shutting the
+    exporter down (which the monitor's close() does) does not raise into training."""
+    exporter = JsonlExporter("/dev/full")
+    assert exporter.export(make_batch()) is False and exporter.export(make_batch()) is False
+    assert exporter.dropped_batches == 2
+    exporter.shutdown(1.0)
 
 
 def test_import_loads_a_file_once_and_names_a_bad_line(tmp_path: Path, collector) -> None:

@@ -306,3 +306,28 @@ def test_param_norm_and_update_rms_match_plain_sgd(model) -> None:
     numel = model.tok_embeddings.weight.numel()
     expected = 0.1 * rows[0, 0]["grad_norm"] / numel**0.5
     assert rows[1, 0]["update_rms"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_canary_runs_on_the_first_logged_step_after_each_interval(model) -> None:
+    """Logged every 3 steps, a canary every 4: it runs at 0, 6, 9 and 12, the first logged
+    step at or after each multiple of 4 (at multiples of both, it ran at 0 and 12 only)."""
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=3, canary_every=4, peak_flops_per_s=1e12)
+    _train(monitor, model, 13)
+    monitor.close()
+    canaries = [r["step"] for r in out.rows("ranks") if r["canary_fingerprint"] is not None]
+    assert canaries == [0, 6, 9, 12]
+
+
+def test_flush_exports_what_is_queued_without_ending_the_run(model) -> None:
+    """What a process about to die calls (an injected crash): the steps and events queued
+    so far reach the exporter, and no run_end says the run ended cleanly."""
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=1, export_interval_s=60.0)
+    _train(monitor, model, 2)
+    monitor.event("fault", 1, rank=0, detail={"kind": "crash"})
+    assert monitor.flush(timeout_s=30.0)
+    assert [r["step"] for r in out.rows("steps")] == [0, 1]
+    assert [r["kind"] for r in out.rows("events")] == ["fault"]
+    monitor.close()
+    assert [r["kind"] for r in out.rows("events")] == ["fault", "run_end"]

@@ -178,6 +178,41 @@ def test_a_compiled_model_is_watched_through_its_original() -> None:
     monitor.close()
 
 
+def test_a_compiled_ddp_model_is_watched_through_its_original(tmp_path) -> None:
+    """compile(DDP(m)), the order torch's docs use, as DDP(compile(m)): m's layers, and DDP
+    known as DDP (a one-rank gloo group in this process)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        model = _Model()
+        for wrapped in (
+            torch.compile(nn.parallel.DistributedDataParallel(model)),
+            nn.parallel.DistributedDataParallel(torch.compile(model)),
+        ):
+            monitor = attach(wrapped, exporter=InMemoryExporter(), peak_flops_per_s=1e12)
+            assert monitor.layers.names == ["embed", "backbone", "router", "head"]
+            assert monitor.comms.covers_grads  # DDP's comm hook reads the local gradients
+            monitor.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_second_monitor_on_one_model_is_refused_until_the_first_is_closed() -> None:
+    model, _, first = _watched()
+    with pytest.raises(ValueError, match="already attached to this model; close"):
+        attach(model, exporter=InMemoryExporter())
+    first.close()
+    first.close()  # a second close does nothing (it once queued a second run_end)
+    attach(model, exporter=InMemoryExporter()).close()
+
+
+def test_a_model_with_parameters_on_the_meta_device_is_refused_at_attach() -> None:
+    model = nn.Sequential(nn.Linear(4, 4, device="meta"), nn.Linear(4, 4))
+    with pytest.raises(ValueError, match=r"'0.weight' is on the meta device; materialize"):
+        attach(model, exporter=InMemoryExporter())
+
+
 def test_a_model_without_parameters_is_refused_at_attach() -> None:
     with pytest.raises(ValueError, match="no parameters to monitor"):
         attach(nn.ReLU(), exporter=InMemoryExporter())
