@@ -67,11 +67,19 @@ def test_replay_of_a_missing_store() -> None:
 
 def _simulated_store(path: Path) -> Path:
     """A stopped collector's store of a small simulated run that raised alerts live."""
-    from trainvitals.collector.store import Store
-    from trainvitals.simulate import FleetSpec, simulate
+    from trainvitals.simulate import FleetSpec
 
     faults = ("straggler:rank=3,step=20,slowdown=0.5", "spike:step=40")
     spec = FleetSpec(ranks=8, layers=2, step_time_s=1.0, steps=60, faults=faults)
+    _store_live(spec, path)
+    return path
+
+
+def _store_live(spec, path: Path) -> None:
+    """Ingest the simulated run into a collector store at `path`, analysed live."""
+    from trainvitals.collector.store import Store
+    from trainvitals.simulate import simulate
+
     store = Store(str(path), analysis_delay_s=0.0)
     store.start()
     try:
@@ -80,7 +88,6 @@ def _simulated_store(path: Path) -> Path:
         assert all(f.exception() is None for f in done)
     finally:
         store.close()
-    return path
 
 
 def _alerts(r: subprocess.CompletedProcess) -> list[tuple]:
@@ -194,9 +201,7 @@ def test_live_alerts_of_a_simulated_fleet_replay_identically(tmp_path: Path) -> 
     import duckdb
 
     from trainvitals.analyzer.replay import comparable, replay_store, store_goodput, stored_alerts
-    from trainvitals.collector.store import Store
-    from trainvitals.schema import to_arrow
-    from trainvitals.simulate import FleetSpec, simulate
+    from trainvitals.simulate import FleetSpec
 
     faults = (
         "straggler:rank=3,step=100,slowdown=0.2",
@@ -216,14 +221,7 @@ def test_live_alerts_of_a_simulated_fleet_replay_identically(tmp_path: Path) -> 
         faults=faults,
     )
     path = str(tmp_path / "sim.duckdb")
-    store = Store(path, analysis_delay_s=0.0)
-    store.start()
-    try:
-        done = [store.submit(*to_arrow(doc)) for doc in simulate(spec)]
-        store.flush(60)
-        assert all(f.exception() is None for f in done)
-    finally:
-        store.close()
+    _store_live(spec, Path(path))
     con = duckdb.connect(path, read_only=True)
     live, replayed = stored_alerts(con), [a.to_dict() for a in replay_store(con)]
     assert sorted(map(comparable, replayed)) == sorted(map(comparable, live))
