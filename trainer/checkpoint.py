@@ -1,7 +1,8 @@
 """Checkpoint and resume with torch.distributed.checkpoint (DCP), so restarts are real.
 
     <dir>/step-00000007/   DCP shards of the model and optimizer after step 7
-    <dir>/step-00000007/trainer.json   step, run id and LR-scheduler state
+    <dir>/step-00000007/trainer.json   step, run id, LR-scheduler state and the settings
+                                       the shards depend on (preset, model, seq_len)
     <dir>/latest          name of the newest complete checkpoint (written last, atomically)
 
 Every rank writes its own shards (FSDP x TP state dicts stay sharded); a crash in the
@@ -9,7 +10,9 @@ middle of a save leaves `latest` pointing at the previous complete checkpoint. `
 starts from the newest one when there is one, so the same command line serves a first
 start and every restart (under torchrun's `--max-restarts` too). Resuming keeps the run id,
 so the restarted job continues the same run in the collector, and the monitor records
-`checkpoint` and `restart` events from which the analyzer computes goodput.
+`checkpoint` and `restart` events from which the analyzer computes goodput. A checkpoint
+saved with other settings is refused, naming what differs (one saved before checkpoints
+recorded their settings loads as before).
 """
 
 from __future__ import annotations
@@ -40,15 +43,25 @@ def _name(step: int) -> str:
 
 
 def save(
-    root: Path, step: int, run_id: str, model: nn.Module, optimizer, scheduler, rank: int
+    root: Path,
+    step: int,
+    run_id: str,
+    model: nn.Module,
+    optimizer,
+    scheduler,
+    rank: int,
+    config: dict | None = None,
 ) -> float:
-    """Collective: every rank saves its shards. Returns the seconds the save took."""
+    """Collective: every rank saves its shards. Returns the seconds the save took.
+    `config`: the settings a resume must match (TrainConfig.checkpoint_meta())."""
     start = time.perf_counter()
     path = root / _name(step)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
     if rank == 0:
         meta = {"step": step, "run_id": run_id, "scheduler": scheduler.state_dict()}
+        if config is not None:
+            meta["config"] = config
         (path / "trainer.json").write_text(json.dumps(meta))
         tmp = root / "latest.tmp"
         tmp.write_text(_name(step))
@@ -63,12 +76,12 @@ def latest(root: Path) -> Path | None:
     return root / marker.read_text().strip() if marker.exists() else None
 
 
-def resume(root: Path, model: nn.Module, optimizer, scheduler) -> Resumed | None:
-    """Collective: load the newest checkpoint under `root` into model, optimizer, scheduler."""
+def read_meta(root: Path, config: dict | None = None) -> dict | None:
+    """trainer.json of the newest checkpoint under `root` (None: there is none). ValueError
+    when it is damaged, or when it was saved with settings other than `config`."""
     path = latest(root)
     if path is None:
         return None
-    start = time.perf_counter()
     try:
         meta = json.loads((path / "trainer.json").read_text())
     except (OSError, ValueError) as e:
@@ -76,6 +89,46 @@ def resume(root: Path, model: nn.Module, optimizer, scheduler) -> Resumed | None
             f"checkpoint {path} (named by {root / 'latest'}) is incomplete or damaged: {e}; "
             "point `latest` at an intact step-* folder, or start without --resume"
         ) from e
+    saved = meta.get("config")
+    if config is not None and saved is not None:  # older checkpoints did not record it
+        want = json.loads(json.dumps(config))  # as the saved one went through JSON
+        differ = [
+            f"{name} {saved_value!r} (now {want_value!r})"
+            for name, (saved_value, want_value) in _diff(saved, want).items()
+        ]
+        if differ:
+            raise ValueError(
+                f"checkpoint {path} was saved with {', '.join(differ)}; resume with the "
+                "settings it was saved with, or start afresh in another --checkpoint-dir"
+            )
+    meta["path"] = str(path)
+    return meta
+
+
+def _diff(saved: dict, want: dict, prefix: str = "") -> dict[str, tuple]:
+    """{dotted name: (saved, wanted)} of the entries of `want` that differ, nested dicts
+    flattened (what the saved one holds beyond them, such as an older dp and tp, is not
+    compared)."""
+    out = {}
+    for key in sorted(want.keys()):
+        a, b = saved.get(key), want.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out |= _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out[f"{prefix}{key}"] = (a, b)
+    return out
+
+
+def resume(
+    root: Path, model: nn.Module, optimizer, scheduler, config: dict | None = None
+) -> Resumed | None:
+    """Collective: load the newest checkpoint under `root` into model, optimizer, scheduler.
+    ValueError, before loading anything, when it was saved with settings other than `config`."""
+    start = time.perf_counter()
+    meta = read_meta(root, config)
+    if meta is None:
+        return None
+    path = Path(meta["path"])
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)

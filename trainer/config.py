@@ -93,6 +93,22 @@ class TrainConfig:
             )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"TrainConfig.device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "cuda":
+            import torch  # here: the CLI defers importing torch otherwise
+
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    "TrainConfig.device is cuda, but this torch sees no CUDA device "
+                    f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
+                    "use --device cpu or auto"
+                )
+        # ByteBatches draws windows of seq_len + 1 bytes (inputs and the next-byte targets)
+        # from the corpus, with replacement: any dp draws from one corpus.
+        if self.corpus_bytes < self.seq_len_or_max + 2:
+            raise ValueError(
+                f"TrainConfig.corpus_bytes ({self.corpus_bytes}) must be at least seq_len + 2 "
+                f"= {self.seq_len_or_max + 2} for one training window"
+            )
         if self.hooks not in ("on", "off"):
             raise ValueError(f"TrainConfig.hooks must be on or off, got {self.hooks!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
@@ -130,11 +146,31 @@ class TrainConfig:
         if self.inject:  # refused here, before torchrun starts, rather than on every rank
             from .faults import FaultInjector  # here: it imports torch, which the CLI defers
 
-            FaultInjector(self.inject, rank=0, world_size=self.world_size)
+            for f in FaultInjector(self.inject, rank=0, world_size=self.world_size).faults:
+                if f.step >= self.steps:  # it would never happen
+                    raise ValueError(
+                        f"--inject {f.kind} at step {f.step}: step >= steps ({self.steps}); "
+                        f"the run's last step is {self.steps - 1}"
+                    )
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp
+
+    @property
+    def seq_len_or_max(self) -> int:
+        """The sequence length trained on: seq_len, or the preset's max_seq_len when 0."""
+        return self.seq_len or PRESETS[self.preset].max_seq_len
+
+    def checkpoint_meta(self) -> dict:
+        """What a checkpoint's shards depend on; a resume with other values is refused.
+        Not dp and tp: DCP reshards the weights onto another mesh (an elastic restart on
+        fewer or more ranks)."""
+        return {
+            "preset": self.preset,
+            "model": PRESETS[self.preset].to_dict(),
+            "seq_len": self.seq_len_or_max,
+        }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

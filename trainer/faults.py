@@ -14,14 +14,22 @@
 
 Every rank parses the same specs; rank 0 records each fault as an event (`fault:<kind>`)
 at its step, which is the ground truth detectors are scored against.
+
+A resumed run (`--resume` found a checkpoint) takes the same specs, since the same command
+line serves every restart: a crash or hang does not fire again there (else the job could
+never finish), and an SDC unit whose step lies before the resume step is armed again at
+once (a faulty unit stays faulty, as a straggler stays slow).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -115,14 +123,30 @@ def flip_bit(param: torch.Tensor, bit: int) -> None:
 
 
 class FaultInjector:
-    """Applies the faults that concern this rank at the right steps."""
+    """Applies the faults that concern this rank at the right steps.
 
-    def __init__(self, specs: list[str], rank: int, world_size: int) -> None:
+    first_step: the step a resumed run starts at (0: a fresh run).
+    """
+
+    def __init__(
+        self,
+        specs: list[str],
+        rank: int,
+        world_size: int,
+        device: torch.device | None = None,
+        first_step: int = 0,
+    ) -> None:
         self.faults = [parse_fault(s) for s in specs]
         for f in self.faults:
             if f.rank >= world_size:
                 raise ValueError(f"--inject {f.kind}: rank {f.rank} >= world size {world_size}")
         self.rank = rank
+        self.first_step = first_step
+        self.clock = ComputeClock(device or torch.device("cpu"))
+
+    def _fires(self, f: Fault) -> bool:
+        """False for a crash or hang in a resumed run: it fired in the run before."""
+        return not (self.first_step > 0 and f.kind in ("crash", "hang"))
 
     def _mine(self, kind: str, step: int, started: bool = False) -> list[Fault]:
         return [
@@ -135,14 +159,21 @@ class FaultInjector:
         """Rank 0 writes the ground truth of every fault that starts at `step`."""
         if self.rank == 0:
             for f in self.faults:
-                if f.step == step:
+                if f.step == step and self._fires(f):
                     detail = {k: v for k, v in f.params.items() if k not in ("rank", "step")}
+                    if detail.get("mode") == "bitflip":
+                        del detail["fraction"]  # a bit flip changes one bit, not a fraction
                     monitor.event(f"fault:{f.kind}", step, f.rank, detail)
 
     def arm_sdc(self, model: nn.Module, monitor, step: int) -> None:
         """From its step on, this rank computes wrong values in one op and in its canary;
-        or, for a bit flip, one bit of one weight flips once, now."""
-        for f in self._mine("sdc", step):
+        or, for a bit flip, one bit of one weight flips once, now. A resumed run arms a
+        unit whose step lies before it at its first step; a flipped bit is in the checkpoint."""
+        rearm = [
+            f for f in self._mine("sdc", step, started=True)
+            if step == self.first_step and f.step < step and f.params["mode"] == "unit"
+        ]  # fmt: skip
+        for f in self._mine("sdc", step) + rearm:
             if f.params["mode"] == "bitflip":
                 replicas = getattr(getattr(monitor, "replica", None), "tensors", None)
                 flip_bit(replicas[0] if replicas else next(model.parameters()), BITFLIP_BIT)
@@ -167,26 +198,107 @@ class FaultInjector:
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         return loss * float("nan") if self._mine("nan", step) else loss
 
-    def slow_down(self, step: int, compute_s: float, device: torch.device) -> None:
-        """A straggler computes `slowdown` x its own step's compute time more (busy, not asleep)."""
-        for f in self._mine("straggler", step, started=True):
-            _busy(f.params["slowdown"] * compute_s, device)
+    def slow_down(self, step: int) -> None:
+        """A straggler computes `slowdown` x its normal step's compute time more (busy, not
+        asleep). Normal: the median of this rank's recent steps without the injected work
+        (`self.clock`), so the slowdown does not compound."""
+        faults = self._mine("straggler", step, started=True)
+        base_s = self.clock.baseline_s() if faults else None
+        if base_s is None:
+            return  # not slowed, or no step measured yet (the first step of a run)
+        for f in faults:
+            self.clock.busy(f.params["slowdown"] * base_s)
 
-    def crash_or_hang(self, step: int) -> None:
-        if self._mine("crash", step):
+    def crash_or_hang(self, step: int, monitor) -> None:
+        """Crash or hang now, after the monitor has exported what it holds (the fault's
+        ground truth among it): a real crash would lose it, but a test harness should not."""
+        hits = [f for f in self._mine("crash", step) + self._mine("hang", step) if self._fires(f)]
+        if not hits:
+            return
+        monitor.flush(timeout_s=10)
+        if hits[0].kind == "crash":
             os._exit(17)  # a crashed rank: no cleanup, no goodbye
-        if self._mine("hang", step):
+        else:
             while True:
                 time.sleep(3600)
 
 
-def _busy(seconds: float, device: torch.device) -> None:
-    """Keep this rank's device busy for about `seconds` (a slow device, not an idle one)."""
-    if device.type == "cuda":
-        # About 1.5e9 cycles per second on current data-centre GPUs; order of magnitude is enough.
-        torch.cuda._sleep(int(seconds * 1.5e9))
-        return
-    a = torch.randn(128, 128)
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        a @ a
+class ComputeClock:
+    """This rank's compute time per step, without injected work: the straggler's baseline.
+
+    One step spans `start()` (before the batch) to `end()` (after the optimizer step), the
+    span the hooks' compute_time_s covers. CPU: the training thread's CPU time, less the
+    injected busy time. CUDA: CUDA events on the current stream around the step and around
+    the injected sleep, read only once the device has passed them (`Event.query()` does not
+    block), so the baseline lags the host by the steps in flight.
+    """
+
+    WINDOW = 16  # steps in the median: enough to ride out a hiccup, recent enough to follow drift
+    # torch.cuda._sleep counts clock cycles: about 1.5e9 per second on data-centre GPUs, then
+    # corrected by each measured sleep.
+    CUDA_CYCLES_PER_S = 1.5e9
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.samples: deque[float] = deque(maxlen=self.WINDOW)  # seconds per step
+        self.cycles_per_s = self.CUDA_CYCLES_PER_S
+        # CUDA: per step in flight, [start, (sleep start, sleep end)..., end] and cycles slept.
+        self._pending: deque[tuple[list[torch.cuda.Event], int]] = deque()
+        self._marks: list[torch.cuda.Event] = []
+        self._cycles = 0
+        self._start_cpu_s = 0.0
+        self._busy_cpu_s = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            self._marks, self._cycles = [_event()], 0
+        else:
+            self._start_cpu_s, self._busy_cpu_s = time.thread_time(), 0.0
+
+    def end(self) -> None:
+        if self.cuda:
+            self._marks.append(_event())
+            self._pending.append((self._marks, self._cycles))
+            self._collect()
+        else:
+            self.samples.append(time.thread_time() - self._start_cpu_s - self._busy_cpu_s)
+
+    def baseline_s(self) -> float | None:
+        """Median seconds of this rank's recent steps without injected work; None before
+        the first measured step."""
+        if self.cuda and not self.samples and self._pending:
+            self._pending[0][0][-1].synchronize()  # once per run: the first baseline waits
+            self._collect()
+        return statistics.median(self.samples) if self.samples else None
+
+    def busy(self, seconds: float) -> None:
+        """Keep this rank's device busy for about `seconds` (a slow device, not an idle one)."""
+        if self.cuda:
+            cycles = int(seconds * self.cycles_per_s)
+            self._marks.append(_event())
+            torch.cuda._sleep(cycles)
+            self._marks.append(_event())
+            self._cycles += cycles
+            return
+        a = torch.randn(128, 128)
+        start = time.thread_time()
+        end = start + seconds
+        while time.thread_time() < end:
+            a @ a
+        self._busy_cpu_s += time.thread_time() - start
+
+    def _collect(self) -> None:
+        """CUDA: take the steps the device has finished (non-blocking)."""
+        while self._pending and self._pending[0][0][-1].query():
+            marks, cycles = self._pending.popleft()
+            spans_s = [a.elapsed_time(b) / 1e3 for a, b in pairwise(marks)]  # ms -> s
+            self.samples.append(sum(spans_s[0::2]))  # the step's own work, between the sleeps
+            slept_s = sum(spans_s[1::2])
+            if cycles and slept_s > 0:
+                self.cycles_per_s = cycles / slept_s
+
+
+def _event() -> torch.cuda.Event:
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()  # enqueued on the current stream; the host goes on at once
+    return e

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from .config import TrainConfig
 
@@ -27,6 +28,14 @@ def run(cfg: TrainConfig, nproc: int, train_args: list[str]) -> int:
     if nproc != cfg.world_size:
         print(f"error: --nproc {nproc} must equal dp x tp = {cfg.world_size}", file=sys.stderr)
         return 2
+    if cfg.resume:  # refused here, once, rather than by every rank after torchrun started
+        from .checkpoint import read_meta  # imports torch, which the CLI defers otherwise
+
+        try:
+            read_meta(Path(cfg.checkpoint_dir), cfg.checkpoint_meta())
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if nproc == 1:
         from .train import main
 

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     # Every rank builds the same full model from the same seed; parallelize() then keeps its shards.
     torch.manual_seed(cfg.seed)
     model_cfg = PRESETS[cfg.preset]
-    seq_len = cfg.seq_len or model_cfg.max_seq_len
+    seq_len = cfg.seq_len_or_max
     model = Transformer(model_cfg).to(device)
     n_embedding = model.tok_embeddings.weight.numel()
     if mesh is not None:
@@ -136,7 +136,14 @@ def main(argv: list[str] | None = None) -> None:
         generate_corpus(cfg.corpus_bytes, cfg.seed), seq_len, cfg.global_batch, cfg.seed
     )
     ckpt_root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-    resumed = checkpoint.resume(ckpt_root, model, optimizer, scheduler) if cfg.resume else None
+    try:  # a damaged checkpoint, or one of another model: one line, not a traceback per rank
+        resumed = (
+            checkpoint.resume(ckpt_root, model, optimizer, scheduler, cfg.checkpoint_meta())
+            if cfg.resume
+            else None
+        )
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     first_step = resumed.step + 1 if resumed else 0
     if resumed:
         checkpoint.restore_lr(optimizer, scheduler)
@@ -180,13 +187,12 @@ def main(argv: list[str] | None = None) -> None:
         detail = {"resumed_from_step": resumed.step, "load_s": resumed.load_s}
         monitor.event("restart", first_step, detail=detail)
 
-    injector = FaultInjector(cfg.inject, rank, cfg.world_size)
-    last_step_s = 0.0
+    injector = FaultInjector(cfg.inject, rank, cfg.world_size, device, first_step)
     for step in range(first_step, cfg.steps):
         injector.record(monitor, step)
         injector.arm_sdc(model, monitor, step)
-        injector.crash_or_hang(step)
-        start_s, start_cpu_s = time.perf_counter(), time.thread_time()
+        injector.crash_or_hang(step, monitor)
+        injector.clock.start()  # this rank's compute time, the straggler's baseline
         inputs, targets = injector.batch(
             step, *(to_device(t, device) for t in batches.next(dp_rank, cfg.dp))
         )
@@ -196,9 +202,7 @@ def main(argv: list[str] | None = None) -> None:
             logits = model(inputs)
         loss = injector.loss(step, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
         loss.backward()
-        # A straggler's extra work scales with its own compute time (CPU) or last step (GPU).
-        compute_s = time.thread_time() - start_cpu_s if device.type == "cpu" else last_step_s
-        injector.slow_down(step, compute_s, device)
+        injector.slow_down(step)
         lr_factor = injector.lr_factor(step)
         monitor.step(loss=loss, tokens=targets.numel(), lr=scheduler.get_last_lr()[0] * lr_factor)
         clip_grad_norm_(params, cfg.grad_clip)
@@ -207,13 +211,14 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        injector.clock.end()
         if rank == 0 and (step % 50 == 0 or step == cfg.steps - 1):
             print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)  # .item() is a sync point
-        last_step_s = time.perf_counter() - start_s
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
             saved_s = checkpoint.save(
-                ckpt_root, step, monitor.run_id, model, optimizer, scheduler, rank
-            )
+                ckpt_root, step, monitor.run_id, model, optimizer, scheduler, rank,
+                cfg.checkpoint_meta(),
+            )  # fmt: skip
             if rank == 0:
                 monitor.event("checkpoint", step, detail={"duration_s": saved_s})
         if step == first_step + WARMUP_STEPS - 1:

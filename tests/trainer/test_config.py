@@ -7,6 +7,7 @@ import math
 import pytest
 
 from trainvitals.trainer.config import TrainConfig
+from trainvitals.trainer.presets import PRESETS
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,19 @@ from trainvitals.trainer.config import TrainConfig
         ({"otlp_endpoint": "localhost:4318"}, "TrainConfig.otlp_endpoint must be an http"),
         ({"inject": ["nan:step=abc"]}, "--inject 'nan:step=abc': step must be a whole number"),
         ({"dp": 2, "inject": ["crash:rank=2,step=1"]}, "rank 2 >= world size 2"),
+        (
+            {"corpus_bytes": 30},
+            r"TrainConfig.corpus_bytes \(30\) must be at least seq_len \+ 2 = 66",
+        ),
+        ({"seq_len": 16, "corpus_bytes": 17}, "at least seq_len \\+ 2 = 18"),
+        (
+            {"steps": 12, "inject": ["crash:rank=0,step=12"]},
+            "--inject crash at step 12: step >= steps",
+        ),
+        (
+            {"steps": 12, "inject": ["nan:step=40"]},
+            "--inject nan at step 40: step >= steps \\(12\\)",
+        ),
     ],
 )
 def test_bad_fields_are_refused_by_name(change: dict, message: str) -> None:
@@ -38,3 +52,20 @@ def test_bad_fields_are_refused_by_name(change: dict, message: str) -> None:
 def test_the_documented_special_values_are_accepted() -> None:
     cfg = TrainConfig(grad_clip=math.inf, weight_decay=0, canary_every=0, peak_flops_per_s=0)
     assert cfg.grad_clip == math.inf and cfg.run_id == ""
+
+
+def test_cuda_without_cuda_is_refused_by_name(monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(
+        ValueError, match=r"TrainConfig.device is cuda, but this torch sees no CUDA"
+    ):
+        TrainConfig(device="cuda")
+    assert TrainConfig(seq_len=16, corpus_bytes=18).corpus_bytes == 18  # one window: enough
+
+
+def test_checkpoint_meta_names_what_the_shards_depend_on() -> None:
+    """Not dp and tp: DCP reshards onto another mesh."""
+    meta = TrainConfig(dp=2, seq_len=32).checkpoint_meta()
+    assert meta == {"preset": "tiny", "model": PRESETS["tiny"].to_dict(), "seq_len": 32}

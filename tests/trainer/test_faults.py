@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import statistics
+import time
+from pathlib import Path
+
+import orjson
 import pytest
 import torch
 
+from tests.conftest import run_trainer
 from trainvitals.trainer.faults import FaultInjector, corrupt, parse_fault
 
 
@@ -82,7 +88,12 @@ def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
         def event(self, kind, step, rank=-1, detail=None) -> None:
             self.events.append((kind, step, rank, detail))
 
-    specs = ["spike:step=3,kind=lr", "straggler:rank=1,step=3,slowdown=0.2", "nan:step=5"]
+    specs = [
+        "spike:step=3,kind=lr",
+        "straggler:rank=1,step=3,slowdown=0.2",
+        "nan:step=5",
+        "sdc:rank=1,step=6,mode=bitflip",
+    ]
     monitor = Recorder()
     for rank in (0, 1):  # only rank 0 writes ground truth
         inj = FaultInjector(specs, rank=rank, world_size=2)
@@ -92,4 +103,108 @@ def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
         ("fault:spike", 3, -1, {"kind": "lr"}),
         ("fault:straggler", 3, 1, {"slowdown": 0.2}),
         ("fault:nan", 5, -1, {}),
+        ("fault:sdc", 6, 1, {"mode": "bitflip"}),  # no "fraction": a bit flip has none
     ]
+
+
+class _Recorder:
+    canary = None
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.flushed = 0
+
+    def event(self, kind, step, rank=-1, detail=None) -> None:
+        self.events.append((kind, step, rank, detail))
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        self.flushed += 1
+        return True
+
+
+def test_a_crash_flushes_the_monitor_first_and_fires_only_before_a_resume(monkeypatch) -> None:
+    exits = []
+    monkeypatch.setattr("trainvitals.trainer.faults.os._exit", exits.append)
+    monitor = _Recorder()
+    fresh = FaultInjector(["crash:rank=0,step=4"], rank=0, world_size=1)
+    fresh.record(monitor, 4)
+    fresh.crash_or_hang(4, monitor)
+    assert exits == [17] and monitor.flushed == 1 and monitor.events[0][:2] == ("fault:crash", 4)
+
+    # The same command line restarted from a checkpoint at step 3: the crash happened already.
+    monitor, exits[:] = _Recorder(), []
+    resumed = FaultInjector(["crash:rank=0,step=4"], rank=0, world_size=1, first_step=4)
+    resumed.record(monitor, 4)
+    resumed.crash_or_hang(4, monitor)
+    assert exits == [] and monitor.events == []
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.feed_forward = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.feed_forward(x)
+
+
+def test_a_faulty_unit_is_armed_again_in_a_run_resumed_after_its_step() -> None:
+    x = torch.ones(8, 64)
+    for first_step, faulty in ((10, True), (3, False), (0, False)):
+        model = _Block()
+        clean = model(x)
+        inj = FaultInjector(["sdc:rank=0,step=5,fraction=0.5"], 0, 1, first_step=first_step)
+        inj.arm_sdc(model, _Recorder(), first_step)
+        assert (not torch.equal(model(x), clean)) == faulty, first_step
+    inj.arm_sdc(model, _Recorder(), 5)  # the fresh run: at its step
+    assert not torch.equal(model(x), clean)
+
+
+def _compute_times(path: Path) -> dict[tuple[int, int], float]:
+    """(rank, step) -> compute_time_s of a telemetry file."""
+    out = {}
+    for line in path.read_bytes().splitlines():
+        if r := orjson.loads(line).get("ranks"):
+            out.update(
+                zip(zip(r["rank"], r["step"], strict=True), r["compute_time_s"], strict=True)
+            )
+    return out
+
+
+def test_a_straggler_computes_the_asked_fraction_longer(tmp_path: Path) -> None:
+    """A real 2-rank run: from step 12, rank 1's compute time (as the hooks measure it) rises
+    by `slowdown` (1.0: twice as long) against its own earlier steps. Two ranks sharing two
+    busy cores move each other's CPU time by tens of percent, hence the wide band; the exact
+    scaling is tested on the clock below."""
+    out = tmp_path / "straggler.jsonl"
+    fault = "straggler:rank=1,step=12,slowdown=1.0"
+    run_trainer(["--dp", "2", "--steps", "30", "--inject", fault, "--telemetry-file", str(out)],
+                nproc=2)  # fmt: skip
+    t = _compute_times(out)
+    before = statistics.median(t[1, s] for s in range(2, 12))
+    after = statistics.median(t[1, s] for s in range(13, 30))
+    assert 0.5 <= after / before - 1 <= 1.7, (before, after)
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_straggler_scales_from_its_whole_normal_step_without_compounding() -> None:
+    """The extra work is `slowdown` x the median of the rank's steps without injected work:
+    the whole step (here all of it between start and end), and not fed by the injection."""
+    inj = FaultInjector(["straggler:rank=0,step=3,slowdown=0.5"], rank=0, world_size=1)
+    injected = []
+    for step in range(8):
+        inj.clock.start()
+        _burn(0.004)  # forward and backward
+        before = time.thread_time()
+        inj.slow_down(step)
+        injected.append(time.thread_time() - before)
+        _burn(0.004)  # optimizer: part of the step too
+        inj.clock.end()
+    assert all(0.0075 <= x <= 0.0095 for x in inj.clock.samples), list(inj.clock.samples)
+    assert max(injected[:3]) < 0.001, injected  # not before its step
+    assert all(0.0038 <= x <= 0.0050 for x in injected[3:]), injected  # 0.5 x 8 ms, every step
