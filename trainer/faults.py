@@ -267,7 +267,7 @@ class ComputeClock:
         """Median seconds of this rank's recent steps without injected work; None before
         the first measured step."""
         if self.cuda and not self.samples and self._pending:
-            self._pending[0][0][-1].synchronize()  # once per run: the first baseline waits
+            self._pending[0][0][-1].synchronize()  # sync point: once a run, the first baseline
             self._collect()
         return statistics.median(self.samples) if self.samples else None
 
