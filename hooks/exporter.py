@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainvitals.schema import BatchBuilder
+from trainvitals.sender import retryable
 
 from .spool import Spool
 
@@ -122,7 +123,7 @@ class HttpExporter:
                 if resp.status_code < 300:
                     self.sent_batches += 1
                     return True
-                if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
+                if resp.status_code >= 400 and not retryable(resp.status_code):
                     # The collector judged the batch itself: resending cannot help.
                     log.error("collector rejected a batch (%s): %s", resp.status_code, resp.text)
                     self.rejected_batches += 1

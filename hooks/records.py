@@ -139,10 +139,11 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _measured_norm(sumsq: float) -> float | None:
-    """The norm of a sum of squares the hooks mark negative when they did not measure it:
-    None then; NaN or inf when the values held one (a finding, not a gap)."""
-    return None if sumsq < 0 else math.sqrt(sumsq)
+def _measured_rms(sumsq: float, numel: float = 1.0) -> float | None:
+    """sqrt(sumsq / numel) of a sum of squares the hooks mark negative when they did not
+    measure it: None then; NaN or inf when the values held one (a finding, not a gap).
+    numel 1: the norm itself."""
+    return None if sumsq < 0 else math.sqrt(sumsq / numel)
 
 
 def _int_or_none(x: float) -> int | None:
@@ -199,8 +200,6 @@ def append_step(
     act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
     param_norm = np.sqrt(layout.per_layer(v, "param_sumsq"))
     update_sumsq = layout.per_layer(v, "update_sumsq")  # negative: not measured
-    with np.errstate(invalid="ignore", divide="ignore"):
-        update_rms = np.sqrt(update_sumsq / np.array(layout.layer_numel))
     for layer in range(layout.n_layers):
         builder.append(
             "layers",
@@ -214,7 +213,7 @@ def append_step(
             # The change made by the optimizer step just before this step; None when
             # none was measured (a run's first logged step, which no optimizer step
             # precedes), NaN or inf when the step wrote non-finite weights.
-            update_rms=None if update_sumsq[layer] < 0 else float(update_rms[layer]),
+            update_rms=_measured_rms(float(update_sumsq[layer]), layout.layer_numel[layer]),
             nonfinite_count=round(grad_nonfinite[layer]),
             act_nonfinite_count=round(act_nonfinite[layer]),
         )
@@ -227,7 +226,7 @@ def append_step(
             step_time_s=slot["step_time_s"],
             tokens_per_s=_safe_div(slot["tokens"], slot["step_time_s"]),
             loss=slot["loss"],
-            grad_norm_local=_measured_norm(slot["grad_sumsq_local"]),
+            grad_norm_local=_measured_rms(slot["grad_sumsq_local"]),
             wait_time_s=release - slot["arrival_unix_s"],
             **{name: _finite_or_none(slot[name]) for name in _AS_IS},
             **{name: _int_or_none(slot[name]) for name in _INTEGER},

@@ -33,7 +33,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from .layers import OptimizerParams
 
 
-def _event() -> torch.cuda.Event:
+def recorded_event() -> torch.cuda.Event:
     e = torch.cuda.Event(enable_timing=True)
     e.record()  # enqueued on the current stream; the host goes on at once
     return e
@@ -62,14 +62,14 @@ class StepTimer:
         if self.cuda:
             if len(self._span) == 2:
                 self._done.append((self._span[0], self._span[1]))
-            self._span = [_event()]
+            self._span = [recorded_event()]
 
     def _optimizer_end(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if not self._owned.positions(optimizer):
             return  # the hook is global: another model's optimizer
         self._boundary_s = time.perf_counter()
         if self.cuda and self._span:
-            self._span[1:] = [_event()]
+            self._span[1:] = [recorded_event()]
 
     def step(self) -> tuple[float, float]:
         """At the monitor's step boundary: (data_time_s, compute_time_s) of this rank."""
@@ -80,7 +80,7 @@ class StepTimer:
         self._forward_seen = False
         self._boundary_s = time.perf_counter()  # the optimizer's end moves it later, if one runs
         if self.cuda and self._span:
-            self._span[1:] = [_event()]
+            self._span[1:] = [recorded_event()]
         return data_s, compute_s
 
     def _finished_gpu_time_s(self) -> float:

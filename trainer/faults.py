@@ -34,6 +34,8 @@ from itertools import pairwise
 import torch
 from torch import nn
 
+from trainvitals.hooks.timing import recorded_event
+
 KINDS = {
     # kind: (required parameters, optional parameters with defaults)
     "straggler": ({"rank", "step", "slowdown"}, {}),
@@ -251,13 +253,13 @@ class ComputeClock:
 
     def start(self) -> None:
         if self.cuda:
-            self._marks, self._cycles = [_event()], 0
+            self._marks, self._cycles = [recorded_event()], 0
         else:
             self._start_cpu_s, self._busy_cpu_s = time.thread_time(), 0.0
 
     def end(self) -> None:
         if self.cuda:
-            self._marks.append(_event())
+            self._marks.append(recorded_event())
             self._pending.append((self._marks, self._cycles))
             self._collect()
         else:
@@ -275,9 +277,9 @@ class ComputeClock:
         """Keep this rank's device busy for about `seconds` (a slow device, not an idle one)."""
         if self.cuda:
             cycles = int(seconds * self.cycles_per_s)
-            self._marks.append(_event())
+            self._marks.append(recorded_event())
             torch.cuda._sleep(cycles)
-            self._marks.append(_event())
+            self._marks.append(recorded_event())
             self._cycles += cycles
             return
         a = torch.randn(128, 128)
@@ -296,9 +298,3 @@ class ComputeClock:
             slept_s = sum(spans_s[1::2])
             if cycles and slept_s > 0:
                 self.cycles_per_s = cycles / slept_s
-
-
-def _event() -> torch.cuda.Event:
-    e = torch.cuda.Event(enable_timing=True)
-    e.record()  # enqueued on the current stream; the host goes on at once
-    return e
