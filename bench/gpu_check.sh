@@ -20,15 +20,24 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,power.draw,clocks.sm --format=csv | tee "$out/nvidia-smi.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
-echo "== hooks on CUDA: no host sync, records match torch"
+echo "== hooks on CUDA: no host sync, records match torch ($(date +%T))"
 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib --rootdir "$repo" -m gpu \
     "$repo/tests/hooks/test_gpu.py" "$repo/tests/hooks/test_comms_gpu.py" \
     "$repo/tests/hooks/test_nvml_gpu.py" 2>&1 | tail -15 | tee "$out/gpu_tests.txt"
-echo "== NVML readings"
+overhead() {  # preset batch rounds intervals
+    echo "== hook overhead on GPU, preset $1 ($(date +%T))"
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 "$repo/bench/hook_overhead.py" \
+        --dp 1 --tp 1 --preset "$1" --batch "$2" --rounds "$3" \
+        --steps-per-block 10 --intervals "$4" 2>&1 | grep -v Warning \
+        | tee "$out/overhead_${1}_${4/,/_}.txt"
+}
+# The headline figure first, so that a short loan measures it even if it runs out later.
+[ "${SKIP_OVERHEAD:-0}" = 1 ] || overhead 125m 16 30 10,1
+echo "== NVML readings ($(date +%T))"
 python3 "$repo/bench/nvml_probe.py" 2>&1 | tail -30 | tee "$out/nvml_probe.txt"
 
 if [ "${SKIP_TRAINER:-0}" != 1 ]; then
-echo "== reference trainer on NCCL (torchrun, 1 rank), preset 125m"
+echo "== reference trainer on NCCL (torchrun, 1 rank), preset 125m ($(date +%T))"
 python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m trainvitals.trainer.train \
     --device cuda --preset 125m --steps 60 --global-batch 16 --telemetry-file "$out/nccl_run.jsonl" \
     2>&1 | grep -v Warning | tail -8 | tee "$out/nccl_run.txt"
@@ -59,20 +68,12 @@ PY
 
 fi
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
-echo "== where the hooks' time goes, 125m: host and device time of each hook per step"
+echo "== where the hooks' time goes, 125m: host and device time of each hook per step ($(date +%T))"
 python3 "$repo/bench/hook_breakdown.py" --preset 125m --batch 16 2>&1 | grep -v Warning \
     | tee "$out/breakdown_125m.txt"
-echo "== hook overhead on GPU"
-# preset:batch:rounds:intervals (each run also has a plain copy and a control, see the
-# script); QUICK=1 leaves out the 1b model's every-step copy. The 1b copies (three of them,
+# Each overhead run also has a plain copy and a control (see the script). QUICK=1 leaves out
+# the 1b model's every-step copy. The 1b copies (three of them,
 # with AdamW state) take about 40 GB: expandable segments keep fragmentation from tipping an
 # 80 GB card over.
-runs="125m:16:30:10,1 1b:8:10:10,1"
-[ "${QUICK:-0}" = 1 ] && runs="125m:16:30:10,1 1b:8:10:10"
-for r in $runs; do
-    IFS=: read -r preset batch rounds intervals <<< "$r"
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 "$repo/bench/hook_overhead.py" \
-        --dp 1 --tp 1 --preset "$preset" --batch "$batch" --rounds "$rounds" \
-        --steps-per-block 10 --intervals "$intervals" 2>&1 | grep -v Warning \
-        | tee "$out/overhead_${preset}_${intervals/,/_}.txt"
-done
+if [ "${QUICK:-0}" = 1 ]; then overhead 1b 8 10 10; else overhead 1b 8 10 10,1; fi
+echo "== done ($(date +%T))"
