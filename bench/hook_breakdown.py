@@ -15,6 +15,11 @@ point (layer hooks, model hook, `monitor.step()`, optimizer hooks) is wrapped an
     python bench/hook_breakdown.py                                   # CPU, tiny model
     python bench/hook_breakdown.py --preset 125m --batch 16          # one GPU
 
+On CUDA the block outputs are read on the monitor's own stream, beside the backward
+(Monitor._read_beside): their kernels are not in the hook rows, which hold what the training
+stream runs; the "side stream" row has their device time, overlapped with the backward (not
+added to the total: bench/hook_overhead.py says what the overlap leaves).
+
 Not in the table: what the monitor's background threads (export, power sampling) cost the
 training thread by holding the GIL, and the module's forward-hook dispatch around each
 layer hook. bench/hook_overhead.py measures those with the rest.
@@ -56,6 +61,7 @@ if update is not None:
         (update.UpdateMeter, "_post_step", "update RMS, optimizer post-hook (norms)"),
     )
 LAYER_HOOKS = "collect block outputs (layer forward hooks)"
+SIDE = "side stream: block-output reads (overlapped)"
 
 
 class Clock:
@@ -90,6 +96,23 @@ class Clock:
 
         return call
 
+    def timed_side(self, fn):
+        """Device time of Monitor._read when it runs on the monitor's side stream (events on
+        that stream, after its wait for the training stream)."""
+
+        def call(monitor, *args, **kwargs):
+            side = getattr(monitor, "_side", None)
+            if not (self.active and self.device_pass) or torch.cuda.current_stream() != side:
+                return fn(monitor, *args, **kwargs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(side)
+            result = fn(monitor, *args, **kwargs)
+            end.record(side)
+            self.events[(SIDE, self.logged)].append((start, end))
+            return result
+
+        return call
+
     def device_s(self) -> dict[tuple[str, bool], float]:
         torch.cuda.synchronize()  # bench boundary
         return {
@@ -108,6 +131,10 @@ def patch(clock: Clock) -> list:
     undo = [(owner, name, getattr(owner, name)) for owner, name, _ in present]
     for owner, name, label in present:
         setattr(owner, name, clock.timed(label, getattr(owner, name)))  # binds like a method
+    if hasattr(monitor_module.Monitor, "_read_beside"):
+        read = monitor_module.Monitor._read
+        undo.append((monitor_module.Monitor, "_read", read))
+        monitor_module.Monitor._read = clock.timed_side(read)
     factory = monitor_module.Monitor._activation_hook
     undo.append((monitor_module.Monitor, "_activation_hook", factory))
     monitor_module.Monitor._activation_hook = lambda self, i: clock.timed(
@@ -186,6 +213,8 @@ def report(args, host: Clock, device_s: dict | None, plain_step_s: float) -> Non
             total["device"] += (d or 0.0) * steps
             dev = f"{d * 1e6:9.0f}" if d is not None else f"{'n/a':>9}"
             print(f"{label:<48} {h * 1e6:9.0f} {dev}")
+        if device_s is not None and (SIDE, logged) in device_s:  # host time is in the rows above
+            print(f"{SIDE:<48} {'':>9} {device_s[(SIDE, logged)] / steps * 1e6:9.0f}")
     n = args.intervals * DEFAULT_EVERY
     host_ms, device_ms = total["host"] / n * 1e3, total["device"] / n * 1e3
     device = f"{device_ms:.3f} ms device" if device_s is not None else "device n/a (no GPU)"

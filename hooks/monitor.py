@@ -255,6 +255,8 @@ class Monitor:
         self._step_max: dict[int, torch.Tensor] = {}
         self._maxima: list[torch.Tensor] = []
         self._zero = torch.zeros((), device=self.device)
+        # Where block outputs are read on CUDA (_read_beside); elsewhere in program order.
+        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._handles = [
             m.register_forward_hook(self._activation_hook(i))
             for i, m in enumerate(self.layers.modules)
@@ -350,6 +352,8 @@ class Monitor:
         self._step_max = {}
         self._forward_seen.clear()
         if self._active or len(self._maxima) >= FOLD_STEPS * (len(self.layers.names) + 1):
+            if self._side is not None:  # the side stream's reads before the fold uses them
+                torch.cuda.current_stream(self.device).wait_stream(self._side)
             self._fold_maxima()
 
     def _fold_maxima(self) -> None:
@@ -383,7 +387,9 @@ class Monitor:
                 # count only if the forward did not see the layer: a reentrant checkpoint
                 # runs its forward without grad, unseen; a non-reentrant one ran it in full.
                 recount = index not in self._forward_seen
-                self._read([(index, shard, weight, shard._version)], record=recount)
+                entry = [(index, shard, weight, shard._version)]
+                read = self._read if self._side is None else self._read_beside
+                read(entry, record=recount)
                 return
             self._forward_seen.add(index)
             # Held until the forward returns, when autograd still holds these outputs for
@@ -392,11 +398,43 @@ class Monitor:
 
         return hook
 
-    def _read_outputs(self, *_: Any) -> None:
+    def _read_outputs(self, _module: Any = None, _inputs: Any = None, output: Any = None) -> None:
         """When the model's forward returns: read the block outputs it produced."""
         pending, self._pending = self._pending, []
-        if pending:
+        if not pending:
+            return
+        if self._side is None:
             self._read(pending)
+            return
+        # What the model returns goes back to the caller, who may change it in place while
+        # a side stream still reads it: that one is read in stream order (the head's output,
+        # small beside the blocks').
+        returned = first_float_tensor(output)
+        ptr = _storage(local(returned)) if returned is not None else None
+        inline = [entry for entry in pending if _storage(entry[1]) == ptr]
+        beside = [entry for entry in pending if _storage(entry[1]) != ptr]
+        if inline:
+            # After the side stream's earlier reads, whose maxima this one may fold into
+            # (micro-batches): long finished by now, so nothing waits in practice.
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
+            self._read(inline)
+        if beside:
+            self._read_beside(beside)
+
+    def _read_beside(self, pending: list[tuple[int, torch.Tensor, float, int]], **kw: Any) -> None:
+        """Read block outputs on the monitor's own CUDA stream, beside the backward that
+        follows (their reductions are memory-bound, the backward's matmuls compute-bound),
+        instead of in front of it. The device orders it: the side stream starts after the
+        work queued so far, and the training stream waits for it before the next fold
+        (`_end_step`). No host wait."""
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._read(pending, **kw)
+        for _, shard, *_ in pending:
+            # The allocator must not hand this memory to the training stream (the backward
+            # frees these outputs) before the side stream has read it.
+            shard.record_stream(side)
 
     @torch.no_grad()
     def _read(
@@ -781,6 +819,11 @@ def _check_attachable(model: nn.Module) -> None:
             f"attach: parameter {meta!r} is on the meta device; materialize the model "
             "(model.to_empty(device=...) and load or initialise its weights) before attach"
         )
+
+
+def _storage(t: torch.Tensor) -> int:
+    """Where a tensor's memory is: a view of it shares the address."""
+    return t.untyped_storage().data_ptr()
 
 
 def _graph_task_id() -> int:

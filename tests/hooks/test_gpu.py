@@ -119,3 +119,51 @@ def test_a_logged_steps_forward_and_backward_hold_no_parameter_copy(model) -> No
     monitor.close()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert peaks[2] - peaks[3] < param_bytes / 2, (peaks, param_bytes)
+
+
+def test_block_outputs_read_beside_the_backward_match_torch(model) -> None:
+    """Block outputs are read on the monitor's own stream while the backward runs: RMS,
+    max-abs and exact non-finite counts still equal torch's on the same tensors, and the
+    output the model returns, which its caller may change in place, is read on the training
+    stream."""
+
+    def one_nan(_module, _inputs, output):  # registered before attach: the monitor sees it
+        output = output.clone()
+        output[0, 0, 0] = float("nan")
+        return output
+
+    model.layers[1].register_forward_hook(one_nan)
+    kept: dict[str, torch.Tensor] = {}
+    names = {"layers.0": model.layers[0], "layers.1": model.layers[1], "output": model.output}
+    for name, module in names.items():
+        module.register_forward_hook(lambda _m, _i, out, name=name: kept.__setitem__(name, out))
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e15, log_every=1)
+    streams: dict[str, list] = {name: [] for name in names}
+    read = monitor._read
+
+    def recording(pending, **kw):
+        for index, *_ in pending:
+            streams.get(monitor.layers.names[index], []).append(torch.cuda.current_stream())
+        return read(pending, **kw)
+
+    monitor._read = recording
+    _step(model, monitor)
+    expected = {  # sync: test only
+        name: (
+            t.float().square().mean().sqrt().item(),
+            t.float().abs().max().item(),
+            int(t.isfinite().logical_not().sum()),
+        )
+        for name, t in kept.items()
+    }
+    monitor.close()
+    assert streams == {"layers.0": [monitor._side], "layers.1": [monitor._side],
+                       "output": [torch.cuda.current_stream()]}  # fmt: skip
+    assert expected["layers.1"][2] == 1 and expected["output"][2] > 0  # the NaN spread
+    rows = {monitor.layers.names[r["layer"]]: r for r in out.rows("layers")}
+    for name, (rms, max_abs, nonfinite) in expected.items():
+        row = rows[name]
+        assert float(row["act_rms"]) == pytest.approx(rms, rel=1e-5, nan_ok=True), name
+        assert float(row["act_max_abs"]) == pytest.approx(max_abs, rel=1e-6, nan_ok=True), name
+        assert row["act_nonfinite_count"] == nonfinite, name
