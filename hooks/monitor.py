@@ -388,7 +388,8 @@ class Monitor:
                 # runs its forward without grad, unseen; a non-reentrant one ran it in full.
                 recount = index not in self._forward_seen
                 entry = [(index, shard, weight, shard._version)]
-                read = self._read if self._side is None else self._read_beside
+                inline, _ = split_by_stream(entry, None)
+                read = self._read if self._side is None or inline else self._read_beside
                 read(entry, record=recount)
                 return
             self._forward_seen.add(index)
@@ -406,13 +407,7 @@ class Monitor:
         if self._side is None:
             self._read(pending)
             return
-        # What the model returns goes back to the caller, who may change it in place while
-        # a side stream still reads it: that one is read in stream order (the head's output,
-        # small beside the blocks').
-        returned = first_float_tensor(output)
-        ptr = _storage(local(returned)) if returned is not None else None
-        inline = [entry for entry in pending if _storage(entry[1]) == ptr]
-        beside = [entry for entry in pending if _storage(entry[1]) != ptr]
+        inline, beside = split_by_stream(pending, first_float_tensor(output))
         if inline:
             # After the side stream's earlier reads, whose maxima this one may fold into
             # (micro-batches): long finished by now, so nothing waits in practice.
@@ -821,9 +816,29 @@ def _check_attachable(model: nn.Module) -> None:
         )
 
 
-def _storage(t: torch.Tensor) -> int:
-    """Where a tensor's memory is: a view of it shares the address."""
-    return t.untyped_storage().data_ptr()
+def split_by_stream(pending: list[tuple], returned: torch.Tensor | None) -> tuple[list, list]:
+    """Which pending block outputs (index, shard, ...) must be read in the training stream's
+    order, and which may be read on the monitor's side stream.
+
+    In order: the output the model returns (`returned`, or a view of it), as its caller may
+    change it in place while a side stream still reads it (the head's output, small beside
+    the blocks'); and a tensor subclass with no storage of its own (a wrapper), which the
+    allocator cannot be told about. If `returned` is such a wrapper, every output stays in
+    order."""
+    ptr = _storage(arrived(returned)) if returned is not None else -1
+    keep = [ptr is None or at is None or at == ptr for at in (_storage(e[1]) for e in pending)]
+    inline = [entry for entry, k in zip(pending, keep, strict=True) if k]
+    beside = [entry for entry, k in zip(pending, keep, strict=True) if not k]
+    return inline, beside
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Where a tensor's memory is (a view of it shares the address); None for a tensor
+    subclass that has no storage of its own (a wrapper)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _graph_task_id() -> int:

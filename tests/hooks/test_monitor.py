@@ -10,8 +10,10 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from trainvitals.hooks import InMemoryExporter, attach
+from trainvitals.hooks.monitor import split_by_stream
 from trainvitals.trainer.model import PRESETS, Transformer
 
 SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
@@ -331,3 +333,20 @@ def test_flush_exports_what_is_queued_without_ending_the_run(model) -> None:
     assert [r["kind"] for r in out.rows("events")] == ["fault"]
     monitor.close()
     assert [r["kind"] for r in out.rows("events")] == ["fault", "run_end"]
+
+
+def test_the_returned_output_and_wrappers_are_read_in_stream_order() -> None:
+    """On CUDA the block outputs are read on a side stream, except the one the model
+    returns (its caller may change it in place; a view of it counts as it) and tensors
+    without storage of their own, which the allocator cannot be told about. The split is
+    the same on any device, so it is checked here on CPU."""
+    block, head = torch.randn(4, 8), torch.randn(4, 3)
+    wrapper = AsyncCollectiveTensor(torch.randn(4, 8))  # no storage of its own
+    pending = [(0, block), (1, wrapper), (2, head)]
+    inline, beside = split_by_stream(pending, head[:, 1:])  # the model returned a view
+    assert [e[0] for e in inline] == [1, 2] and [e[0] for e in beside] == [0]
+    inline, beside = split_by_stream(pending, None)  # read at step end: nothing returned
+    assert [e[0] for e in inline] == [1] and [e[0] for e in beside] == [0, 2]
+    # A returned wrapper is unwrapped first (AsyncCollectiveTensor: waited on) and compared.
+    inline, _ = split_by_stream([(0, block), (2, head)], AsyncCollectiveTensor(head))
+    assert [e[0] for e in inline] == [2]
