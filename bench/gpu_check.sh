@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run on a CUDA machine: the hooks' no-sync and correctness tests on
-# CUDA, a reference-trainer run on NCCL through torchrun, where the hooks' time goes, and
-# their overhead on GPU.
+# CUDA, a reference-trainer run on NCCL through torchrun, an injected straggler on CUDA,
+# where the hooks' time goes, and their overhead on GPU.
 # Usage: bash bench/gpu_check.sh OUTDIR   (the project importable, or this script makes a shim)
 set -u
 out=$(realpath -m "${1:-gpu-check}")
@@ -66,6 +66,12 @@ prints = {x['canary_fingerprint'] for x in ranks if x['canary_fingerprint'] is n
 print(f"canary fingerprints seen: {len(prints)} distinct over the run (1 expected on one healthy GPU)")
 PY
 
+echo "== straggler fault on CUDA (its clock: CUDA events), 125m, +50% from step 20 ($(date +%T))"
+python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m trainvitals.trainer.train \
+    --device cuda --preset 125m --steps 40 --global-batch 16 --telemetry-file "$out/straggler.jsonl" \
+    --inject straggler:rank=0,step=20,slowdown=0.5 2>&1 | grep -v Warning | tail -3
+python3 "$repo/bench/straggler_check.py" "$out/straggler.jsonl" --from-step 20 --slowdown 0.5 \
+    2>&1 | tee "$out/straggler.txt"
 fi
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
 echo "== where the hooks' time goes, 125m: host and device time of each hook per step ($(date +%T))"

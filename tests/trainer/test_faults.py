@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import torch
 
 from tests.conftest import run_trainer
 from trainvitals.trainer.faults import FaultInjector, corrupt, parse_fault
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_parse_fills_defaults_and_types() -> None:
@@ -68,9 +72,6 @@ def test_faults_apply_to_their_rank_and_steps() -> None:
 
 
 def test_cli_rejects_a_bad_spec_before_starting() -> None:
-    import subprocess
-    import sys
-
     r = subprocess.run(
         [sys.executable, "-m", "trainvitals.trainer.train", "--inject", "straggler:rank=0"],
         capture_output=True, text=True, timeout=120,
@@ -184,6 +185,17 @@ def test_a_straggler_computes_the_asked_fraction_longer(tmp_path: Path) -> None:
     before = statistics.median(t[1, s] for s in range(2, 12))
     after = statistics.median(t[1, s] for s in range(13, 30))
     assert 0.5 <= after / before - 1 <= 1.7, (before, after)
+    # bench/straggler_check.py (which gpu_check.sh runs on CUDA) reads the same file by step
+    # time: the straggler's step grows by about its slowdown too.
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "straggler_check.py"), str(out),
+         "--from-step", "12", "--slowdown", "1.0", "--rank", "1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    last = check.stdout.splitlines()[-1]
+    assert last.startswith("straggler slowdown: measured") and last.endswith("asked +1.00"), last
+    assert 0.3 <= float(last.split()[3].rstrip(",")) <= 2.0, last
 
 
 def _burn(seconds: float) -> None:
