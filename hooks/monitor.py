@@ -158,6 +158,9 @@ _STOP = object()
 # Steps whose extrema may wait for a fold: bounds the small device tensors held between
 # logged steps when the interval is long.
 FOLD_STEPS = 64
+# A block output waiting to be read: (layer, local shard, replication weight on a logged
+# step, the shard's version counter when the layer returned it).
+BlockOutput = tuple[int, torch.Tensor, float, int]
 
 
 def attach(
@@ -245,10 +248,9 @@ class Monitor:
         self._active = self._logged(cfg.first_step)  # is this step a logged one?
         self.comms.arm(self._active)
         self._reset_accumulators()
-        # Block outputs of the running forward, read together when it returns: (layer, local
-        # shard, replication weight on a logged step, the shard's version counter, which an
-        # in-place change before the read would move).
-        self._pending: list[tuple[int, torch.Tensor, float, int]] = []
+        # Block outputs of the running forward, read together when it returns (the version
+        # counter tells an in-place change before the read).
+        self._pending: list[BlockOutput] = []
         self._changed_warned = False
         self._forward_seen: set[int] = set()  # layers whose output this step's forward read
         # Block-output max-abs: this step's, by layer; then every step's since the last fold.
@@ -389,7 +391,7 @@ class Monitor:
                 recount = index not in self._forward_seen
                 entry = [(index, shard, weight, shard._version)]
                 inline, _ = split_by_stream(entry, None)
-                read = self._read if self._side is None or inline else self._read_beside
+                read = self._read_in_order if self._side is None or inline else self._read_beside
                 read(entry, record=recount)
                 return
             self._forward_seen.add(index)
@@ -409,14 +411,19 @@ class Monitor:
             return
         inline, beside = split_by_stream(pending, first_float_tensor(output))
         if inline:
-            # After the side stream's earlier reads, whose maxima this one may fold into
-            # (micro-batches): long finished by now, so nothing waits in practice.
-            torch.cuda.current_stream(self.device).wait_stream(self._side)
-            self._read(inline)
+            self._read_in_order(inline)
         if beside:
             self._read_beside(beside)
 
-    def _read_beside(self, pending: list[tuple[int, torch.Tensor, float, int]], **kw: Any) -> None:
+    def _read_in_order(self, pending: list[BlockOutput], **kw: Any) -> None:
+        """Read block outputs on the training stream; on CUDA after the side stream's earlier
+        reads, whose maxima these may fold into (micro-batches, recomputation): long
+        finished by then, so nothing waits in practice."""
+        if self._side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
+        self._read(pending, **kw)
+
+    def _read_beside(self, pending: list[BlockOutput], **kw: Any) -> None:
         """Read block outputs on the monitor's own CUDA stream, beside the backward that
         follows (their reductions are memory-bound, the backward's matmuls compute-bound),
         instead of in front of it. The device orders it: the side stream starts after the
@@ -432,9 +439,7 @@ class Monitor:
             shard.record_stream(side)
 
     @torch.no_grad()
-    def _read(
-        self, pending: list[tuple[int, torch.Tensor, float, int]], record: bool = True
-    ) -> None:
+    def _read(self, pending: list[BlockOutput], record: bool = True) -> None:
         """Every output's max-abs, one read of each (on CUDA in one fused kernel per dtype),
         waiting on the device for the next fold; on a logged step also, if `record`, their
         L2 norms (fused) and exact non-finite counts."""
@@ -816,7 +821,9 @@ def _check_attachable(model: nn.Module) -> None:
         )
 
 
-def split_by_stream(pending: list[tuple], returned: torch.Tensor | None) -> tuple[list, list]:
+def split_by_stream(
+    pending: list[BlockOutput], returned: torch.Tensor | None
+) -> tuple[list[BlockOutput], list[BlockOutput]]:
     """Which pending block outputs (index, shard, ...) must be read in the training stream's
     order, and which may be read on the monitor's side stream.
 
