@@ -21,16 +21,25 @@ SETTLE_STEPS = 5  # after the fault's step: the baseline's median window fills
 
 
 def step_times_s(path: str, rank: int) -> dict[int, float]:
-    """step -> step_time_s of `rank`'s ranks rows in a JSON-lines telemetry file."""
+    """step -> step_time_s of `rank`'s ranks rows in a JSON-lines telemetry file. Exits
+    with a message naming the file and line for a file it cannot read."""
     times = {}
-    with open(path) as f:
-        for line in f:
-            ranks = json.loads(line).get("ranks")
-            if not ranks:
-                continue
-            for step, r, t in zip(ranks["step"], ranks["rank"], ranks["step_time_s"], strict=True):
-                if r == rank and t is not None:
-                    times[step] = t
+    try:
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    ranks = json.loads(line).get("ranks") if line.strip() else None
+                    if ranks:
+                        rows = zip(ranks["step"], ranks["rank"], ranks["step_time_s"], strict=True)
+                        times.update({s: t for s, r, t in rows if r == rank and t is not None})
+                except (ValueError, AttributeError, KeyError, TypeError) as e:
+                    sys.exit(
+                        f"{path}, line {number}: not a telemetry batch with ranks columns "
+                        f"step, rank and step_time_s ({type(e).__name__}: {e}); pass the file "
+                        "`trainvitals train --telemetry-file` wrote"
+                    )
+    except OSError as e:
+        sys.exit(f"cannot read {path}: {e.strerror or e}")
     return times
 
 
@@ -46,7 +55,12 @@ def main() -> None:
     before = [t for s, t in times.items() if 3 <= s < args.from_step]
     after = [t for s, t in times.items() if s >= args.from_step + SETTLE_STEPS]
     if len(before) < 3 or len(after) < 3:
-        sys.exit(f"too few logged steps of rank {args.rank} around step {args.from_step}")
+        held = f"steps {min(times)}-{max(times)}" if times else "none"
+        sys.exit(
+            f"too few logged steps of rank {args.rank} around step {args.from_step}: "
+            f"{len(before)} in steps 3-{args.from_step - 1}, {len(after)} from step "
+            f"{args.from_step + SETTLE_STEPS} (3 each needed); the file holds {held}"
+        )
     normal_s, slow_s = statistics.median(before), statistics.median(after)
     print(f"rank {args.rank}: median step {normal_s * 1e3:.1f} ms before step {args.from_step}, "
           f"{slow_s * 1e3:.1f} ms from step {args.from_step + SETTLE_STEPS}")  # fmt: skip

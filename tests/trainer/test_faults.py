@@ -220,3 +220,24 @@ def test_a_straggler_scales_from_its_whole_normal_step_without_compounding() -> 
     assert all(0.0075 <= x <= 0.0095 for x in inj.clock.samples), list(inj.clock.samples)
     assert max(injected[:3]) < 0.001, injected  # not before its step
     assert all(0.0038 <= x <= 0.0050 for x in injected[3:]), injected  # 0.5 x 8 ms, every step
+
+
+def test_the_straggler_check_names_what_is_wrong_with_its_file(tmp_path: Path) -> None:
+    """bench/straggler_check.py on a file that is no telemetry, or too short: one line that
+    says which line or which steps, and a non-zero exit."""
+    script = str(ROOT / "bench" / "straggler_check.py")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ranks": {"step": [1, 2]}}\n')
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"ranks": {"step": [4], "rank": [0], "step_time_s": [0.1]}}\n')
+    for path, message in [
+        (bad, f"{bad}, line 1: not a telemetry batch with ranks columns"),
+        (short, "too few logged steps of rank 0 around step 20: 1 in steps 3-19, 0 from"),
+        (tmp_path / "missing.jsonl", "cannot read"),
+    ]:
+        r = subprocess.run(
+            [sys.executable, script, str(path), "--from-step", "20", "--slowdown", "0.5"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 1 and r.stderr.startswith(message), r.stderr
+        assert "Traceback" not in r.stderr
