@@ -41,7 +41,7 @@ def check_source(path: Path) -> bool:
     nothing to compare with. An export has no alerts folder when the run raised none
     (`trainvitals export` writes no empty folders), so an export always compares.
     """
-    from trainvitals.collector.export import is_export  # the collector imports the analyzer
+    from trainvitals.collector.store import is_export  # the collector imports the analyzer
 
     if path.is_dir():
         if not is_export(path):

@@ -21,7 +21,7 @@ import duckdb
 
 from trainvitals.schema import SCHEMA_VERSION, STORE_TABLES, TABLES
 
-from .store import Store, StoreError, is_export  # importer.py imports is_export from here
+from .store import Store, StoreError, is_export
 
 
 def export_store(store_path: str, out_dir: str, run_id: str | None = None) -> dict[str, int]:

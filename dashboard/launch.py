@@ -86,7 +86,7 @@ def check_port(port: int) -> int:
 def check_store(store: Path) -> Path:
     """`store` if the replay collector serves it: a DuckDB file, or a Parquet export folder
     (`trainvitals export`, collector/export.py); ValueError saying why not otherwise."""
-    from trainvitals.collector.export import is_export
+    from trainvitals.collector.store import is_export
 
     if store.is_file() or is_export(store):
         return store

@@ -389,10 +389,7 @@ class Monitor:
                 # count only if the forward did not see the layer: a reentrant checkpoint
                 # runs its forward without grad, unseen; a non-reentrant one ran it in full.
                 recount = index not in self._forward_seen
-                entry = [(index, shard, weight, shard._version)]
-                inline, _ = split_by_stream(entry, None)
-                read = self._read_in_order if self._side is None or inline else self._read_beside
-                read(entry, record=recount)
+                self._read_on_streams([(index, shard, weight, shard._version)], record=recount)
                 return
             self._forward_seen.add(index)
             # Held until the forward returns, when autograd still holds these outputs for
@@ -404,24 +401,23 @@ class Monitor:
     def _read_outputs(self, _module: Any = None, _inputs: Any = None, output: Any = None) -> None:
         """When the model's forward returns: read the block outputs it produced."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return
+        if pending:
+            self._read_on_streams(pending, output)
+
+    def _read_on_streams(self, pending: list[BlockOutput], output: Any = None, **kw: Any) -> None:
+        """Read block outputs: in program order off CUDA; on CUDA beside the backward where
+        split_by_stream allows (`output`: what the model returned, if it did), the rest on
+        the training stream after the side stream's earlier reads, whose maxima these may
+        fold into (micro-batches, recomputation; long finished by then: nothing waits)."""
         if self._side is None:
-            self._read(pending)
+            self._read(pending, **kw)
             return
         inline, beside = split_by_stream(pending, first_float_tensor(output))
         if inline:
-            self._read_in_order(inline)
-        if beside:
-            self._read_beside(beside)
-
-    def _read_in_order(self, pending: list[BlockOutput], **kw: Any) -> None:
-        """Read block outputs on the training stream; on CUDA after the side stream's earlier
-        reads, whose maxima these may fold into (micro-batches, recomputation): long
-        finished by then, so nothing waits in practice."""
-        if self._side is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._side)
-        self._read(pending, **kw)
+            self._read(inline, **kw)
+        if beside:
+            self._read_beside(beside, **kw)
 
     def _read_beside(self, pending: list[BlockOutput], **kw: Any) -> None:
         """Read block outputs on the monitor's own CUDA stream, beside the backward that

@@ -85,7 +85,7 @@ def _source(path: Path, batch_rows: int) -> tuple[Iterator[tuple[str, bytes]], s
 
     ValueError if it holds none we know; NothingToImport if it holds no batches.
     """
-    from trainvitals.collector.export import is_export
+    from trainvitals.collector.store import is_export
 
     if is_export(path):
         return export_batches(path, batch_rows), MSGPACK

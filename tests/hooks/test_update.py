@@ -39,11 +39,18 @@ def _steps(model, monitor, update, steps: int = 2) -> None:
         update()
 
 
+def _logged_rows(model, update) -> dict[tuple[int, str], dict]:
+    """The layers rows of two steps, each logged, with `update` after each."""
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=1)
+    _steps(model, monitor, update)
+    monitor.close()
+    return _rows(out)
+
+
 def test_two_optimizers_and_a_frozen_layer_are_each_measured(model) -> None:
     """Embedding at lr 0.1, blocks and head at lr 0.01, the final norm in no optimizer:
     every layer's update RMS is its own lr x grad norm / sqrt(n), the norm's is 0."""
-    out = InMemoryExporter()
-    monitor = attach(model, exporter=out, log_every=1)
     embed = torch.optim.SGD(model.tok_embeddings.parameters(), lr=0.1)
     rest = torch.optim.SGD([*model.layers.parameters(), *model.output.parameters()], lr=0.01)
 
@@ -52,9 +59,7 @@ def test_two_optimizers_and_a_frozen_layer_are_each_measured(model) -> None:
         rest.step()
         model.zero_grad()
 
-    _steps(model, monitor, update)
-    monitor.close()
-    rows = _rows(out)
+    rows = _logged_rows(model, update)
     assert rows[0, "tok_embeddings"]["update_rms"] is None  # no step before the first
     for name, module, lr in [
         ("tok_embeddings", model.tok_embeddings, 0.1),
@@ -69,8 +74,6 @@ def test_two_optimizers_and_a_frozen_layer_are_each_measured(model) -> None:
 def test_an_update_that_wrote_nan_weights_is_nan_not_unmeasured(model) -> None:
     """None says no update was measured; a step that wrote NaN into the weights must not
     read the same (a NaN gradient on step 0 reaches the weights through SGD)."""
-    out = InMemoryExporter()
-    monitor = attach(model, exporter=out, log_every=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     poisoned = [True]
 
@@ -80,9 +83,7 @@ def test_an_update_that_wrote_nan_weights_is_nan_not_unmeasured(model) -> None:
         opt.step()
         opt.zero_grad()
 
-    _steps(model, monitor, update)
-    monitor.close()
-    rows = _rows(out)
+    rows = _logged_rows(model, update)
     assert rows[0, "layers.0"]["update_rms"] is None  # no step before the first
     assert rows[1, "layers.0"]["update_rms"] == "NaN"  # on the wire: JSON has no NaN literal
     expected = _expected_rms(0.1, rows[0, "layers.1"]["grad_norm"], model.layers[1])
@@ -90,18 +91,13 @@ def test_an_update_that_wrote_nan_weights_is_nan_not_unmeasured(model) -> None:
 
 
 def test_a_hand_written_update_is_measured_at_the_step_boundary(model) -> None:
-    out = InMemoryExporter()
-    monitor = attach(model, exporter=out, log_every=1)
-
     @torch.no_grad()
     def update() -> None:
         for p in model.parameters():
             p -= 0.1 * p.grad
         model.zero_grad()
 
-    _steps(model, monitor, update)
-    monitor.close()
-    rows = _rows(out)
+    rows = _logged_rows(model, update)
     expected = _expected_rms(0.1, rows[0, "layers.0"]["grad_norm"], model.layers[0])
     assert rows[1, "layers.0"]["update_rms"] == pytest.approx(expected, rel=1e-5)
 
