@@ -411,13 +411,23 @@ ALERTS = Table(
     fields=(
         Field("step", "int64", "step at which the event was detected"),
         Field("kind", "string", "detector name, e.g. 'loss_spike', 'nonfinite'"),
-        Field("severity", "string", "'warning' or 'critical'"),
+        Field(
+            "severity",
+            "string",
+            "'warning' or 'critical'; 'resolved' on the row that ends an episode of its kind",
+        ),
         Field("message", "string", "what happened, for a person on call"),
         Field("value", "float64", "the observed value", required=False, finite=False),
         Field("baseline", "float64", "what the detector expected", required=False, finite=False),
         Field("rank", "int64", "rank named as the culprit, if any", required=False),
         Field("layer", "int64", "layer named as the culprit, if any", required=False),
         Field("time_unix_s", "float64", "wall-clock time of the step, from the telemetry"),
+        Field(
+            "start_step",
+            "int64",
+            "first step of the episode (onset), when it began before the detection step",
+            required=False,
+        ),
     ),
 )
 
