@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from .alerts import Alert
 from .detectors import LossSpikeDetector, NonFiniteDetector
+from .runinfo import UNKNOWN, RunInfo
 from .sdc import CanaryDetector, PeerOutlierDetector, ReplicaDetector
 from .stall import StallDetector
 from .straggler import StragglerDetector
@@ -68,7 +69,8 @@ def default_detectors() -> list:
 class _Run:
     detectors: list
     last_step: int = -1
-    tp: int = 1  # tensor-parallel degree, from the runs table (1 until known)
+    info: RunInfo = UNKNOWN  # layout and names, from the runs row (defaults until known)
+    runs_row: Any = None  # the runs row `info` was built from
 
 
 class Analyzer:
@@ -96,7 +98,8 @@ class Analyzer:
             view = StepView(
                 run_id=run_id,
                 layers=layers.layer_view(step),
-                ranks=ranks.rank_view(step, run.tp),
+                ranks=ranks.rank_view(step, run.info.tp),
+                run=run.info,
                 **row,
             )
             for d in run.detectors:
@@ -105,11 +108,16 @@ class Analyzer:
 
 
 def _read_layout(run: _Run, runs: Any) -> None:
-    if runs is None or runs.num_rows == 0 or "tp" not in runs.column_names:
+    """Rebuild the run's RunInfo when its runs row arrives or changes (a resumed run may
+    change its layout or hosts). The row comes with every live window: comparing it is
+    cheap, parsing a hosts list of 100,000 ranks per batch would not be."""
+    if runs is None or runs.num_rows == 0:
         return
-    tp = runs.column("tp")[0].as_py()
-    if isinstance(tp, int) and tp >= 1:
-        run.tp = tp
+    row = runs.slice(runs.num_rows - 1)
+    if run.runs_row is not None and row.equals(run.runs_row):
+        return
+    run.runs_row = row
+    run.info = RunInfo.from_runs(row)
 
 
 def _step_rows(steps: pa.Table) -> list[dict]:

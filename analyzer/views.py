@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .rolling import median as fast_median
+from .runinfo import UNKNOWN, RunInfo
 
 # Columns of the layers and ranks tables that detectors read.
 LAYER_COLUMNS = (
@@ -228,6 +229,7 @@ class StepView:
     nonfinite_steps: float = math.nan
     layers: LayerView | None = None
     ranks: RankView | None = None
+    run: RunInfo = UNKNOWN  # layout and names, from the runs row (runinfo.py)
 
 
 def _fill_missing(view, n: int) -> None:
