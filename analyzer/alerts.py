@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 RESOLVED = "resolved"  # severity of the row that ends an episode
+# Kinds whose alert opens an episode that stays active until a "resolved" row of the same
+# kind and rank ends it (the others are one-off events: a spike, a fingerprint mismatch).
+EPISODE_KINDS = frozenset({"straggler", "rank_lost", "hang", "loss_diverging"})
 
 
 @dataclass(frozen=True)

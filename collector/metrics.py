@@ -86,6 +86,12 @@ class TrainvitalsCollector(Collector):
             "Logged steps and batches the run's hooks dropped (queue full, spool unwritable).",
             labels=["run_id"],
         )
+        active = GaugeMetricFamily(
+            "trainvitals_alert_active",
+            "1 while an episode (straggler, rank_lost, hang, loss_diverging) is unresolved; "
+            "the series is absent otherwise and once the run has ended.",
+            labels=["run_id", "kind", "rank", "start_step"],
+        )
         ended = GaugeMetricFamily(
             "trainvitals_run_end_timestamp_seconds",
             "Unix time at which the run reported a clean end; absent while it runs.",
@@ -97,12 +103,18 @@ class TrainvitalsCollector(Collector):
             for (kind, culprit), count in run.alerts_by_kind.items():
                 # '' when the alert names no rank: Prometheus treats an empty label as absent.
                 alerts.add_metric([run_id, kind, "" if culprit is None else str(culprit)], count)
+            if run.ended_unix_s is None:  # an ended run has nothing left to fix
+                for (kind, culprit), start in run.active.items():
+                    active.add_metric(
+                        [run_id, kind, "" if culprit is None else str(culprit), str(start)], 1
+                    )
             if "step" in run.latest:  # 0 from the first step on, so increase() sees the first drop
                 dropped.add_metric([run_id], run.latest.get("telemetry_dropped") or 0)
             if run.ended_unix_s is not None:
                 ended.add_metric([run_id], run.ended_unix_s)
         yield rank
         yield alerts
+        yield active
         yield dropped
         yield ended
         yield from _self_metrics(stats, self.store.queue_depth, self.store.analysis)

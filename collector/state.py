@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from trainvitals.analyzer import Alert
+from trainvitals.analyzer.alerts import EPISODE_KINDS, RESOLVED
 
 # steps fields mirrored per run (latest logged step).
 STEP_FIELDS = (
@@ -36,6 +37,8 @@ class RunState:
     latest: dict[str, float] = field(default_factory=dict)
     # (kind, culprit rank or None) -> alerts raised
     alerts_by_kind: Counter = field(default_factory=Counter)
+    # (kind, culprit rank or None) -> first step of an episode not yet resolved
+    active: dict = field(default_factory=dict)
     ended_unix_s: float | None = None  # when the run reported a clean end
     # The latest step with ranks rows, and their step times in seconds, one array per batch:
     # exporters that send per node split a step's ranks rows across batches.
@@ -108,9 +111,12 @@ class LiveState:
                 self.stats.ingested_rows[name] += t.num_rows
 
     def count_alerts(self, run_id: str, alerts: list[Alert]) -> None:
+        """Count raised alerts; open and close episodes (alerts.EPISODE_KINDS)."""
         with self._lock:
             run = self.runs.setdefault(run_id, RunState())
-            run.alerts_by_kind.update((a.kind, a.rank) for a in alerts)
+            for a in alerts:  # in the order raised: a resolve follows its episode's alert
+                _follow_episode(run.active, a.kind, a.rank, a.severity, a.start_step, a.step)
+            run.alerts_by_kind.update((a.kind, a.rank) for a in alerts if not a.resolves)
 
     def load(self, query) -> None:
         """Rebuild the per-run view from a store (at start-up, and in replay mode).
@@ -128,7 +134,17 @@ class LiveState:
             [],
         )
         alerts = query(
-            "SELECT run_id, kind, rank, count(*) AS n FROM alerts GROUP BY ALL", []
+            "SELECT run_id, kind, rank, count(*) AS n FROM alerts "
+            f"WHERE severity <> '{RESOLVED}' GROUP BY ALL",
+            [],
+        ).to_pylist()
+        # The last row of each episode kind and culprit: open unless it is a resolve.
+        kinds = ", ".join(f"'{k}'" for k in sorted(EPISODE_KINDS))
+        episodes = query(
+            "SELECT run_id, kind, rank, severity, start_step, step FROM alerts "
+            f"WHERE kind IN ({kinds}) QUALIFY row_number() OVER "
+            "(PARTITION BY run_id, kind, rank ORDER BY step DESC) = 1",
+            [],
         ).to_pylist()
         ends = query(
             "SELECT run_id, max(time_unix_s) AS t FROM events WHERE kind = 'run_end' GROUP BY ALL",
@@ -145,6 +161,9 @@ class LiveState:
             for row in alerts:
                 key = (row["kind"], row["rank"])
                 self.runs.setdefault(row["run_id"], RunState()).alerts_by_kind[key] = row["n"]
+            for row in episodes:
+                run = self.runs.setdefault(row.pop("run_id"), RunState())
+                _follow_episode(run.active, **row)
 
     def snapshot(self) -> tuple[dict[str, RunState], CollectorStats]:
         with self._lock:
@@ -152,6 +171,7 @@ class LiveState:
                 k: RunState(
                     dict(v.latest),
                     Counter(v.alerts_by_kind),
+                    dict(v.active),
                     v.ended_unix_s,
                     v.ranks_step,
                     list(v.rank_times_s),  # the arrays are never changed, only added
@@ -193,6 +213,18 @@ class LiveState:
                 self.stats.written_batches += batches
                 self.stats.commits += 1
                 self.stats.write_seconds_sum += seconds
+
+
+def _follow_episode(
+    active: dict, kind: str, rank: int | None, severity: str, start_step: int | None, step: int
+) -> None:
+    """Open or close the episode of (kind, rank) that an alert row starts or ends."""
+    if kind not in EPISODE_KINDS:
+        return
+    if severity == RESOLVED:
+        active.pop((kind, rank), None)
+    else:
+        active.setdefault((kind, rank), step if start_step is None else start_step)
 
 
 def _latest_step_times(ranks: Any) -> tuple[int, np.ndarray]:

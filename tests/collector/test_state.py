@@ -5,8 +5,11 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainvitals.analyzer import Analyzer
+from trainvitals.analyzer import Alert, Analyzer
+from trainvitals.collector.analysis import _insert_alerts
 from trainvitals.collector.main import create_app
+from trainvitals.collector.metrics import TrainvitalsCollector
+from trainvitals.collector.state import LiveState
 from trainvitals.collector.store import Store
 from trainvitals.schema import BatchBuilder, to_arrow
 
@@ -128,3 +131,50 @@ def test_analyzer_keeps_the_stored_runs_row_when_it_is_resent_changed(tmp_path) 
         assert recorder.tp_seen == [1, 1]
     finally:
         store.close()
+
+
+def _straggler(step: int, rank: int = 3) -> Alert:
+    return Alert("r1", step, "straggler", "warning", "slow", 1.7e9 + step, rank=rank, start_step=2)
+
+
+def test_an_episode_is_active_from_its_alert_to_its_resolve_and_after_a_restart(tmp_path) -> None:
+    raised = _straggler(9)
+    spike = Alert("r1", 9, "loss_spike", "warning", "spike", 1.7e9 + 9)
+    live = LiveState()
+    live.count_alerts("r1", [raised, spike])
+    assert live.runs["r1"].active == {("straggler", 3): 2}  # a spike is no episode
+    store = Store(str(tmp_path / "s.duckdb"))
+    store.start()
+    try:
+        cur = store.cursor()
+        _insert_alerts(cur, [raised, spike])
+        restarted = LiveState()
+        restarted.load(store.query)
+        assert restarted.runs["r1"].active == {("straggler", 3): 2}
+        resolve = raised.resolved_at(20, 1.7e9 + 20, "back to normal")
+        live.count_alerts("r1", [resolve])
+        _insert_alerts(cur, [resolve])
+        restarted = LiveState()
+        restarted.load(store.query)
+    finally:
+        store.close()
+    assert live.runs["r1"].active == {} == restarted.runs["r1"].active
+    # A resolve is not an alert raised.
+    assert live.runs["r1"].alerts_by_kind[("straggler", 3)] == 1
+    assert restarted.runs["r1"].alerts_by_kind[("straggler", 3)] == 1
+
+
+def test_metrics_show_an_active_episode_until_the_run_ends() -> None:
+    live = LiveState()
+    live.count_alerts("r1", [_straggler(9)])
+    assert [(s.labels, s.value) for s in _active(live)] == [
+        ({"run_id": "r1", "kind": "straggler", "rank": "3", "start_step": "2"}, 1)
+    ]
+    live.runs["r1"].ended_unix_s = 1.7e9 + 30
+    assert _active(live) == []
+
+
+def _active(live: LiveState) -> list:
+    """Samples of trainvitals_alert_active (the families before it need no store)."""
+    families = TrainvitalsCollector(live, store=None).collect()
+    return next(f for f in families if f.name == "trainvitals_alert_active").samples
