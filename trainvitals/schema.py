@@ -86,12 +86,15 @@ class Field:
     bounds: tuple[float, float] | None = None
     # string: the JSON type (list or dict) the string must hold, so readers can parse it.
     json: type | None = None
+    # string: the only values allowed (a heartbeat's phase), or None for any.
+    choices: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"Field {self.name}: dtype must be one of {sorted(DTYPES)}")
         assert self.bounds is None or self.dtype in ("int64", "float64"), f"{self.name}: bounds"
         assert self.json is None or self.dtype == "string", f"{self.name}: json on strings"
+        assert self.choices is None or self.dtype == "string", f"{self.name}: choices"
 
 
 @dataclass(frozen=True)
@@ -404,6 +407,49 @@ EVENTS = Table(
 # Tables a producer may send.
 TABLES: dict[str, Table] = {t.name: t for t in (RUNS, STEPS, LAYERS, RANKS, EVENTS)}
 
+# Where a rank's training thread is, as its hooks saw it last (hooks/heartbeat.py). "idle":
+# attached, no step begun yet; "ended": the monitor closed; "exited": the process is ending
+# without close() (an exception), its last word.
+PHASES = (
+    "idle", "data_wait", "forward", "backward", "collective", "optimizer", "ended", "exited"
+)  # fmt: skip
+HEARTBEATS = Table(
+    "heartbeats",
+    key=("run_id", "rank", "time_unix_s"),
+    doc="Each rank's liveness, sent every few seconds by its hooks whatever the steps do "
+    "(POST /api/v1/heartbeats, not ingest): what the collector's watchdog judges.",
+    fields=(
+        Field("rank", "int64", "global rank", bounds=INDEX_BOUNDS),
+        Field("time_unix_s", "float64", "when the rank sent it (its clock)", bounds=NONNEGATIVE),
+        Field("host", "string", "host name of the rank"),
+        Field(
+            "step_started",
+            "int64",
+            "last step whose forward the rank began; -1 before the first",
+            bounds=(-1, STEP_BOUNDS[1]),
+        ),
+        Field(
+            "step_finished",
+            "int64",
+            "last step the rank finished (monitor.step); -1 before the first",
+            bounds=(-1, STEP_BOUNDS[1]),
+        ),
+        Field("phase", "string", "where the training thread is: one of PHASES", choices=PHASES),
+        Field(
+            "received_unix_s",
+            "float64",
+            "when the collector received it (the collector's clock; set by the collector, "
+            "never sent): the watchdog's time base, live and in replay",
+            bounds=NONNEGATIVE,
+        ),
+    ),
+)
+# Set by the collector on receipt (the last field): a sender that sends it is refused.
+HEARTBEAT_RECEIVED = "received_unix_s"
+assert HEARTBEATS.fields[-1].name == HEARTBEAT_RECEIVED
+# What a sender sends: the table less the receive time.
+_HEARTBEATS_SENT = Table("heartbeats", HEARTBEATS.key, HEARTBEATS.fields[:-1], HEARTBEATS.doc)
+
 ALERTS = Table(
     "alerts",
     key=("run_id", "kind", "step"),
@@ -432,7 +478,7 @@ ALERTS = Table(
 )
 
 # Every table of a store, in creation order.
-STORE_TABLES: dict[str, Table] = {**TABLES, "alerts": ALERTS}
+STORE_TABLES: dict[str, Table] = {**TABLES, "alerts": ALERTS, "heartbeats": HEARTBEATS}
 
 
 def _to_wire(value: Any) -> Any:
@@ -622,7 +668,51 @@ def _checked(where: str, f: Field, arr: Any, n_rows: int, pa: Any) -> Any:
         _check_bounds(where, f.bounds, arr)
     if f.json is not None:
         _check_json(where, f.json, arr)
+    if f.choices is not None:
+        _check_choices(where, f.choices, arr)
     return arr
+
+
+def _check_choices(where: str, choices: tuple[str, ...], arr: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    known = pc.is_in(arr, value_set=pa.array(choices))
+    if not pc.all(known).as_py():
+        bad = arr.filter(pc.invert(known))[0].as_py()
+        raise SchemaError(f"{where}: {bad!r} is not one of {list(choices)}")
+
+
+def heartbeats_to_arrow(doc: Any, received_unix_s: float) -> tuple[str, Any]:
+    """Validate a heartbeat batch ({"schema_version", "run_id", "heartbeats": columns}) and
+    convert it to a pyarrow.Table stamped with the collector's receive time. As `to_arrow`:
+    SchemaError naming the field, or the whole table."""
+    import pyarrow as pa
+
+    if not isinstance(doc, dict):
+        raise SchemaError("batch must be a JSON object")
+    version = doc.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise SchemaError(
+            f"schema_version {version!r} is not supported; this collector speaks {SCHEMA_VERSION}"
+        )
+    run_id = doc.get("run_id")
+    check_run_id(run_id)
+    unknown = set(doc) - {"schema_version", "run_id", "heartbeats"}
+    if unknown:
+        raise SchemaError(f"unknown keys {_names(unknown)}; a heartbeat batch holds heartbeats")
+    columns = doc.get("heartbeats")
+    if not isinstance(columns, dict) or not columns:
+        raise SchemaError("heartbeats: must be an object of column name -> list")
+    if HEARTBEAT_RECEIVED in columns:
+        raise SchemaError(
+            f"heartbeats.{HEARTBEAT_RECEIVED}: set by the collector on receipt; do not send it"
+        )
+    table = _table_to_arrow(_HEARTBEATS_SENT, columns, run_id, pa)
+    if table.num_rows == 0:
+        raise SchemaError("heartbeats: the batch holds no heartbeat")
+    received = pa.repeat(pa.scalar(float(received_unix_s)), table.num_rows)
+    return run_id, table.append_column(HEARTBEAT_RECEIVED, received)
 
 
 def _strictly_ascending(table: Any, keys: list[str]) -> bool:
