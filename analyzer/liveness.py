@@ -1,0 +1,365 @@
+"""Liveness in wall time: a rank that stops sending heartbeats (`rank_lost`), and a job whose
+heartbeats go on while no step completes (`hang`).
+
+A crash or a hang sends no more telemetry, so a detector that runs when data arrives never
+sees one (DESIGN invariant 10). Each rank's hooks send a heartbeat every few seconds from a
+background thread (hooks/heartbeat.py); the collector stamps each with its receive time and
+a thread of the collector (collector/watchdog.py) moves this watchdog's clock on.
+
+    watchdog = Watchdog()
+    watchdog.observe(run_id, heartbeats_table)  # stamped with received_unix_s
+    alerts = watchdog.advance(now_unix_s)        # every deadline passed before now
+
+Time base: the collector's receive times only. `advance(now)` takes the heartbeats received
+up to `now` in time order and fires each deadline that passed before the next one: a rank's
+is its last heartbeat + `silence_s`, the job's is its last completed step + the hang
+threshold. An alert's time is its deadline, not the moment a tick noticed it, so replaying
+the stored heartbeats with a simulated clock (analyzer/replay.py) raises exactly the live
+alerts, whatever the live ticks were.
+
+Who is named:
+- rank_lost: the first rank to go silent. When torchrun tears the job down after a crash the
+  others go silent (or say goodbye with phase "exited") a moment later; they join the open
+  episode instead of raising alerts of their own.
+- hang: the ranks the others wait for: those that have not begun the step the others are in,
+  else those not waiting in a collective while the others are; else the whole job paused,
+  and in which phase.
+Both resolve when a step completes again. A run that ends (a heartbeat with phase "ended",
+which Monitor.close sends, or a `run_end` event) never alarms.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .alerts import Alert
+
+RANK_LOST, HANG = "rank_lost", "hang"
+
+
+@dataclass(frozen=True)
+class LivenessSettings:
+    """Thresholds of the liveness watchdog (section "liveness"). Seconds of the collector's
+    clock, between heartbeat receipts."""
+
+    # A rank silent this long is lost. Five of the hooks' 2 s heartbeat intervals: a busy
+    # collector or network delays a few, not five in a row; a crash is named within
+    # silence_s plus the collector's lag (collector/watchdog.py), well inside 30 s.
+    silence_s: float = 10.0
+    # No step completed for this many typical step times (and at least hang_floor_s): a
+    # hang. Ten: a step 10x its usual length is a pause, not noise.
+    hang_intervals: float = 10.0
+    # The least time without a completed step that counts as a hang, in seconds: shorter
+    # pauses (a checkpoint save, an evaluation, a garbage collection) are normal. 30 s keeps
+    # a hang named inside the 60 s target with the heartbeat and lag delays.
+    hang_floor_s: float = 30.0
+    # Before the typical step time is known (start-up: compilation, the first collectives,
+    # a checkpoint load), a hang is this long without a completed step.
+    first_step_s: float = 600.0
+    # Progress observations (a heartbeat showing a newer finished step) needed before the
+    # typical step time is trusted, and how many recent ones its median covers.
+    min_history: int = 5
+    window: int = 50
+    # A run with every rank silent or ended this long is forgotten (bounded memory).
+    forget_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        positive = ("silence_s", "hang_intervals", "hang_floor_s", "first_step_s", "forget_s")
+        for name in positive:
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"liveness.{name} must be a finite number > 0, got {value!r}")
+        for name in ("min_history", "window"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"liveness.{name} must be a whole number >= 1, got {value!r}")
+        if self.min_history > self.window:
+            raise ValueError(
+                f"liveness.min_history ({self.min_history}) must be <= liveness.window "
+                f"({self.window})"
+            )
+
+
+@dataclass
+class _Rank:
+    host: str
+    heard_s: float  # receive time of its latest heartbeat
+    started: int  # last step begun
+    finished: int  # last step finished
+    phase: str
+    gone: bool = False  # silent past silence_s: lost (or ended with its run)
+
+
+@dataclass
+class _Run:
+    first_heard_s: float
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    # (deadline, rank, heard_s): a rank's silence deadline; stale once it is heard again.
+    deadlines: list[tuple[float, int, float]] = field(default_factory=list)
+    done_s: float = -math.inf  # deadlines before this have fired
+    progress_step: int = -1  # last step the job completed, as its heartbeats said
+    progress_s: float = math.nan  # when that was first heard (NaN: no progress yet)
+    per_step_s: deque = field(default_factory=deque)  # recent seconds per completed step
+    ended: bool = False
+    lost: Alert | None = None  # the open rank_lost episode
+    hang: Alert | None = None  # the open hang episode
+    pending: list[tuple[float, int, tuple]] = field(default_factory=list)  # not processed yet
+
+
+@dataclass
+class Watchdog:
+    """Liveness of every run whose heartbeats it is given (see the module docstring)."""
+
+    settings: LivenessSettings = field(default_factory=LivenessSettings)
+    _runs: dict[str, _Run] = field(default_factory=dict, repr=False)
+    _order: int = 0  # arrival order: ties in receive time keep it
+    late: int = 0  # heartbeats received before the time already judged (see advance)
+
+    def observe(self, run_id: str, heartbeats: Any) -> None:
+        """Take heartbeats (a pyarrow table of schema.HEARTBEATS, with received_unix_s)."""
+        cols = heartbeats.select(
+            ["rank", "host", "step_started", "step_finished", "phase", "received_unix_s"]
+        ).to_pydict()
+        rows = zip(*cols.values(), strict=True)
+        run = self._run(run_id, min(cols["received_unix_s"], default=0.0))
+        for rank, host, started, finished, phase, received_s in rows:
+            self._order += 1
+            item = (rank, host, started, finished, phase)
+            run.pending.append((received_s, self._order, item))
+
+    def end_run(self, run_id: str, time_unix_s: float) -> None:
+        """The run reported a clean end (`run_end` event) at `time_unix_s`."""
+        if run_id in self._runs:
+            self._order += 1
+            self._runs[run_id].pending.append((time_unix_s, self._order, ()))
+
+    def advance(self, now_s: float) -> list[Alert]:
+        """Process what was received up to `now_s` and fire every deadline before it."""
+        alerts: list[Alert] = []
+        for run_id in list(self._runs):
+            run = self._runs[run_id]
+            run.pending.sort()
+            due = [p for p in run.pending if p[0] <= now_s]
+            run.pending = run.pending[len(due) :]
+            for received_s, _, item in due:
+                if received_s < run.done_s:
+                    self.late += 1  # judged already without it; taken as of now
+                    received_s = run.done_s
+                alerts += self._fire(run_id, run, received_s)
+                if self._forgettable(run, received_s):  # back after forget_s: a fresh start
+                    run = self._runs[run_id] = self._fresh(received_s, run.pending)
+                if item:
+                    alerts += self._heard(run_id, run, received_s, *item)
+                else:
+                    alerts += self._end(run_id, run, received_s, "the run reported its end")
+            alerts += self._fire(run_id, run, now_s)
+            if not run.pending and self._forgettable(run, now_s):
+                del self._runs[run_id]
+        return alerts
+
+    # ------------------------------------------------------------------ state
+
+    def _run(self, run_id: str, first_s: float) -> _Run:
+        run = self._runs.get(run_id)
+        if run is None:
+            run = self._runs[run_id] = self._fresh(first_s, [])
+        return run
+
+    def _fresh(self, first_s: float, pending: list) -> _Run:
+        run = _Run(first_heard_s=first_s, pending=pending)
+        run.per_step_s = deque(maxlen=self.settings.window)
+        return run
+
+    def _forgettable(self, run: _Run, now_s: float) -> bool:
+        if any(not r.gone and not run.ended for r in run.ranks.values()):
+            return False
+        last = max((r.heard_s for r in run.ranks.values()), default=run.first_heard_s)
+        return now_s - last > self.settings.forget_s
+
+    def _heard(
+        self,
+        run_id: str,
+        run: _Run,
+        t: float,
+        rank: int,
+        host: str,
+        started: int,
+        finished: int,
+        phase: str,
+    ) -> list[Alert]:
+        old = run.ranks.get(rank)
+        run.ranks[rank] = _Rank(host, t, started, finished, phase)
+        heapq.heappush(run.deadlines, (t + self.settings.silence_s, rank, t))
+        if math.isnan(run.progress_s):
+            run.progress_s = t  # the hang clock starts when the run is first heard
+        if phase == "ended":
+            return self._end(run_id, run, t, f"rank {rank} closed its monitor: the run ended")
+        if old is None:
+            run.progress_step = max(run.progress_step, finished)  # joined mid-run: no progress
+            return []
+        if finished < old.finished or started < old.started:
+            # A new process (a restart from a checkpoint): its steps are the job's from now.
+            run.progress_step, run.progress_s = finished, t
+            return []
+        if finished > run.progress_step:
+            return self._progress(run, t, finished)
+        return []
+
+    def _progress(self, run: _Run, t: float, step: int) -> list[Alert]:
+        """A step completed: the typical step time learns from it; open episodes end."""
+        if run.hang is None and run.lost is None and run.progress_step >= 0:
+            run.per_step_s.append((t - run.progress_s) / (step - run.progress_step))
+        run.progress_step, run.progress_s = step, t
+        out = []
+        for episode in (run.hang, run.lost):
+            if episode is not None:
+                out.append(
+                    episode.resolved_at(step + 1, t, f"step {step} completed: progress resumed")
+                )
+        run.hang = run.lost = None
+        for rank, r in list(run.ranks.items()):
+            if r.gone:
+                del run.ranks[rank]  # the job goes on without it
+        return out
+
+    def _end(self, run_id: str, run: _Run, t: float, why: str) -> list[Alert]:
+        if run.ended:
+            return []
+        run.ended = True
+        out = [e.resolved_at(run.progress_step + 1, t, why) for e in (run.hang, run.lost) if e]
+        run.hang = run.lost = None
+        return out
+
+    # ------------------------------------------------------------------ deadlines
+
+    def hang_threshold_s(self, run: _Run) -> float:
+        s = self.settings
+        if len(run.per_step_s) < s.min_history:
+            return s.first_step_s
+        return max(s.hang_intervals * statistics.median(run.per_step_s), s.hang_floor_s)
+
+    def _fire(self, run_id: str, run: _Run, before_s: float) -> list[Alert]:
+        """Every deadline of `run` earlier than `before_s`, in time order."""
+        out: list[Alert] = []
+        while True:
+            silence = self._next_silence(run)
+            hang_at = math.inf
+            if not run.ended and run.hang is None and run.lost is None and run.ranks:
+                hang_at = run.progress_s + self.hang_threshold_s(run)
+            at = min(silence[0] if silence else math.inf, hang_at)
+            if at >= before_s:
+                break
+            if silence and silence[0] == at:
+                heapq.heappop(run.deadlines)
+                out += self._silent(run_id, run, at, silence[1])
+            else:
+                out.append(self._hang(run_id, run, at))
+        run.done_s = max(run.done_s, before_s)
+        return out
+
+    def _next_silence(self, run: _Run) -> tuple[float, int, float] | None:
+        while run.deadlines:
+            entry = run.deadlines[0]
+            r = run.ranks.get(entry[1])
+            if r is not None and not r.gone and r.heard_s == entry[2]:
+                return entry
+            heapq.heappop(run.deadlines)  # heard again since, gone already, or forgotten
+        return None
+
+    def _silent(self, run_id: str, run: _Run, at: float, rank: int) -> list[Alert]:
+        r = run.ranks[rank]
+        r.gone = True
+        if run.ended or run.lost is not None:
+            return []  # a run that ended; or torchrun tearing down the others after the first
+        how = (
+            "said it was exiting without closing its monitor (an exception)"
+            if r.phase == "exited"
+            else "stopped sending heartbeats: a crash, a kill or a lost node"
+        )
+        run.lost = Alert(
+            run_id=run_id,
+            step=run.progress_step + 1,
+            kind=RANK_LOST,
+            severity="critical",
+            message=(
+                f"rank {rank} (host {r.host}) {how}; last heard {self.settings.silence_s:g} s "
+                f"before this alert, at step {r.started} (last finished {r.finished}, phase "
+                f"{r.phase}). The first rank of the run to go silent: ranks that go silent "
+                "after it are most likely torn down because of it"
+            ),
+            time_unix_s=at,
+            value=self.settings.silence_s,
+            rank=rank,
+        )
+        return [run.lost]
+
+    def _hang(self, run_id: str, run: _Run, at: float) -> Alert:
+        threshold_s = self.hang_threshold_s(run)
+        named, why = _attribute({k: r for k, r in run.ranks.items() if not r.gone})
+        waited = at - run.progress_s
+        typical = (
+            f"{self.settings.hang_intervals:g}x the typical step time of "
+            f"{statistics.median(run.per_step_s):.3g} s, at least {self.settings.hang_floor_s:g} s"
+            if len(run.per_step_s) >= self.settings.min_history
+            else f"{threshold_s:g} s before the typical step time is known"
+        )
+        run.hang = Alert(
+            run_id=run_id,
+            step=run.progress_step + 1,
+            kind=HANG,
+            severity="critical",
+            message=(
+                f"no step completed for {waited:.0f} s ({typical}) while heartbeats go on: "
+                f"step {run.progress_step + 1} is stuck; {why}"
+            ),
+            time_unix_s=at,
+            value=waited,
+            baseline=threshold_s,
+            rank=named[0] if named else None,
+        )
+        return run.hang
+
+
+def _attribute(ranks: dict[int, _Rank]) -> tuple[list[int], str]:
+    """(ranks the others wait for, in rank order; why) from the ranks' latest heartbeats."""
+    if not ranks:
+        return [], "no rank is heard any more"
+    ahead = max(r.started for r in ranks.values())
+    behind = sorted(k for k, r in ranks.items() if r.started < ahead)
+    if behind:
+        return behind, (
+            f"{_names(ranks, behind)} not begun step {ahead}, which the other "
+            f"{len(ranks) - len(behind)} rank(s) are in: they wait for {_them(behind)}"
+        )
+    free = sorted(k for k, r in ranks.items() if r.phase != "collective")
+    if free and len(free) < len(ranks):
+        return free, (
+            f"{_names(ranks, free)} not waiting in a collective while the other "
+            f"{len(ranks) - len(free)} rank(s) are: they wait for {_them(free)}"
+        )
+    phases = Counter(r.phase for r in ranks.values())
+    if not free:
+        return [], (
+            f"every rank ({len(ranks)}) waits in a collective: one that never completes "
+            "(the network, or a rank outside the monitor)"
+        )
+    where = ", ".join(f"{p} ({n})" for p, n in sorted(phases.items()))
+    return [], f"the whole job paused: all {len(ranks)} ranks in {where}"
+
+
+def _names(ranks: dict[int, _Rank], ids: list[int]) -> str:
+    shown = ", ".join(
+        f"rank {k} (host {ranks[k].host}, step {ranks[k].started}, {ranks[k].phase})"
+        for k in ids[:8]
+    )
+    more = f" and {len(ids) - 8} more" if len(ids) > 8 else ""
+    return f"{shown}{more} {'has' if len(ids) == 1 else 'have'}"
+
+
+def _them(ids: list[int]) -> str:
+    return "it" if len(ids) == 1 else "them"

@@ -1,0 +1,197 @@
+"""The liveness watchdog on heartbeats with a simulated clock: who is named, when, and that
+the alert times depend on the heartbeats only (live ticks and one replay pass agree)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
+from trainvitals.schema import heartbeats_to_arrow
+
+STEP_S = 0.1  # the simulated job's step time
+EVERY_S = 2.0  # heartbeat interval
+# rank, time -> (started, finished, phase), or None once the rank is silent
+State = Callable[[int, float], tuple[int, int, str] | None]
+
+
+def running(rank: int, t: float) -> tuple[int, int, str]:
+    step = int(t / STEP_S)
+    return step, step - 1, "forward"
+
+
+def heartbeats(state: State, ranks: int, until_s: float) -> list[tuple[float, int, tuple]]:
+    """(receive time, rank, (started, finished, phase)), each rank every EVERY_S, offset."""
+    out = []
+    for rank in range(ranks):
+        t = 0.3 * rank
+        while t <= until_s:
+            s = state(rank, t)
+            if s is not None:
+                out.append((t, rank, s))
+            t += EVERY_S
+    return sorted(out)
+
+
+def feed(
+    beats: list[tuple[float, int, tuple]], tick_s: float | None, until_s: float, **settings
+) -> list:
+    """Alerts of a watchdog fed `beats`: live-like (one advance every `tick_s`, each beat
+    delivered when received) or in one pass (tick_s None, as replay does)."""
+    dog = Watchdog(LivenessSettings(**settings))
+    alerts = []
+    ticks = [until_s] if tick_s is None else [i * tick_s for i in range(int(until_s / tick_s) + 1)]
+    i = 0
+    for now in ticks:
+        while i < len(beats) and beats[i][0] <= now:
+            t, rank, (started, finished, phase) = beats[i]
+            doc = {
+                "schema_version": 1,
+                "run_id": "r1",
+                "heartbeats": {
+                    "rank": [rank],
+                    "time_unix_s": [t],
+                    "host": [f"node{rank // 2}"],
+                    "step_started": [started],
+                    "step_finished": [finished],
+                    "phase": [phase],
+                },
+            }
+            dog.observe(*heartbeats_to_arrow(doc, t))
+            i += 1
+        alerts += dog.advance(now)
+    return alerts
+
+
+def kinds(alerts: list) -> list[tuple[str, str, int | None]]:
+    return [(a.kind, a.severity, a.rank) for a in alerts]
+
+
+def test_a_crash_names_the_first_rank_to_go_silent_once() -> None:
+    # rank 2 dies at 60 s; torchrun tears the others down 1-3 s later.
+    def state(rank: int, t: float):
+        if t > {2: 60.0, 0: 61.0, 1: 62.0, 3: 63.0}[rank]:
+            return None
+        return running(rank, t)
+
+    beats = heartbeats(state, 4, 120)
+    alerts = feed(beats, 0.5, 120)
+    assert kinds(alerts) == [("rank_lost", "critical", 2)]
+    last_heard = max(t for t, r, _ in beats if r == 2)
+    assert alerts[0].time_unix_s == last_heard + 10.0  # deadline, not the tick
+    assert "rank 2 (host node1)" in alerts[0].message
+
+
+def test_the_crashed_rank_is_named_even_when_the_others_say_goodbye_first() -> None:
+    # The others exit on the broken collective a moment after the crash and say so.
+    beats = heartbeats(lambda r, t: None if r == 1 and t > 40 else running(r, t), 4, 40.2)
+    beats += [(40.9 + 0.1 * r, r, (400, 399, "exited")) for r in (0, 2, 3)]
+    alerts = feed(sorted(beats), 0.5, 90)
+    assert kinds(alerts) == [("rank_lost", "critical", 1)]
+
+
+def test_a_hang_names_the_rank_the_others_wait_for_and_resolves() -> None:
+    # rank 3 stops before step 300 (30 s in); the others begin it and wait in a collective.
+    # At 100 s rank 3 goes on.
+    def state(rank: int, t: float):
+        if t < 30 or t >= 100:
+            return running(rank, t if t < 30 else t - 70)
+        if rank == 3:
+            return 299, 299, "data_wait"
+        return 300, 299, "collective"
+
+    alerts = feed(heartbeats(state, 4, 130), 0.5, 130)
+    assert kinds(alerts) == [("hang", "critical", 3), ("hang", "resolved", 3)]
+    hang, resolved = alerts
+    assert "rank 3 (host node1, step 299, data_wait) has not begun step 300" in hang.message
+    assert hang.step == 300 and resolved.step > hang.step and resolved.start_step == 300
+    assert 30 <= hang.value <= 35  # the 30 s floor: 10 x 0.1 s steps is less
+
+
+def test_a_hang_names_the_rank_outside_the_collective() -> None:
+    def state(rank: int, t: float):
+        if t < 30:
+            return running(rank, t)
+        return 300, 299, "backward" if rank == 1 else "collective"
+
+    (hang,) = feed(heartbeats(state, 4, 90), 1.0, 90)
+    assert (hang.kind, hang.rank) == ("hang", 1)
+    assert "not waiting in a collective" in hang.message
+
+
+def test_a_whole_job_pause_names_nobody_and_says_the_phase() -> None:
+    def state(rank: int, t: float):
+        return running(rank, t) if t < 30 else (300, 299, "data_wait")
+
+    (hang,) = feed(heartbeats(state, 4, 90), 1.0, 90)
+    assert hang.rank is None
+    assert "the whole job paused: all 4 ranks in data_wait (4)" in hang.message
+
+
+def test_rank_lost_resolves_when_steps_complete_again() -> None:
+    # rank 0's heartbeats stop for 20 s (a partition), then it is back and steps go on.
+    def state(rank: int, t: float):
+        if rank == 0 and 20 < t < 40:
+            return None
+        return running(rank, t)
+
+    alerts = feed(heartbeats(state, 2, 60), 0.5, 60)
+    assert kinds(alerts) == [("rank_lost", "critical", 0), ("rank_lost", "resolved", 0)]
+
+
+def test_a_run_that_ended_never_alarms() -> None:
+    def state(rank: int, t: float):
+        if t > 50:
+            return None
+        return (500, 500, "ended") if t > 48 else running(rank, t)
+
+    assert feed(heartbeats(state, 4, 200), 0.5, 200) == []
+
+
+def test_a_run_end_event_ends_the_run() -> None:
+    beats = heartbeats(lambda r, t: running(r, t) if t < 50 else None, 2, 50)
+    dog = Watchdog()
+    for t, rank, (started, finished, phase) in beats:
+        cols = {"rank": [rank], "time_unix_s": [t], "host": ["h"], "step_started": [started],
+                "step_finished": [finished], "phase": [phase]}  # fmt: skip
+        dog.observe(
+            *heartbeats_to_arrow({"schema_version": 1, "run_id": "r", "heartbeats": cols}, t)
+        )
+    dog.end_run("r", 50.0)
+    assert dog.advance(500) == []
+
+
+def test_live_ticks_and_one_replay_pass_raise_the_same_alerts() -> None:
+    def state(rank: int, t: float):
+        if 30 <= t < 100:
+            return (300, 299, "data_wait") if rank == 3 else (300, 299, "collective")
+        if t > (150 if rank == 2 else 152):
+            return None
+        return running(rank, t if t < 30 else t - 70)
+
+    beats = heartbeats(state, 4, 220)
+    live = feed(beats, 0.7, 220)
+    assert kinds(live) == [
+        ("hang", "critical", 3),
+        ("hang", "resolved", 3),
+        ("rank_lost", "critical", 2),
+    ]
+    assert feed(beats, None, 220) == live
+
+
+def test_the_typical_step_time_sets_the_hang_threshold() -> None:
+    def state(rank: int, t: float):
+        return running(rank, t) if t < 30 else (300, 299, "data_wait")
+
+    (hang,) = feed(heartbeats(state, 2, 90), 1.0, 90, hang_floor_s=1.0, hang_intervals=50)
+    assert hang.baseline == pytest.approx(50 * STEP_S, rel=0.2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("silence_s", 0), ("hang_floor_s", float("nan")), ("window", 0), ("min_history", 1.5)],
+)
+def test_bad_settings_are_refused_by_name(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"liveness.{field} "):
+        LivenessSettings(**{field: value})
