@@ -138,6 +138,10 @@ class Watchdog:
             self._order += 1
             self._runs[run_id].pending.append((time_unix_s, self._order, ()))
 
+    def open_runs(self) -> list[str]:
+        """Runs that have not ended."""
+        return [run_id for run_id, run in self._runs.items() if not run.ended]
+
     def advance(self, now_s: float) -> list[Alert]:
         """Process what was received up to `now_s` and fire every deadline before it."""
         alerts: list[Alert] = []

@@ -14,9 +14,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from . import ingest, metrics, otlp, query
+from . import heartbeat, ingest, metrics, otlp, query
 from .settings import Settings
 from .store import Store
+from .watchdog import LiveWatchdog
 
 
 class FastJSONResponse(JSONResponse):
@@ -41,9 +42,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store.start()
         app.state.settings = settings
         app.state.store = store
+        # Liveness is judged on the clock, apart from the steps (collector/watchdog.py).
+        app.state.watchdog = None if settings.replay else LiveWatchdog(store)
+        if app.state.watchdog is not None:
+            app.state.watchdog.start()
         try:
             yield
         finally:
+            if app.state.watchdog is not None:
+                app.state.watchdog.close()
             store.close()  # drains the queue: a clean stop loses nothing already accepted
 
     app = FastAPI(
@@ -78,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok", "replay": store.read_only, "queue_depth_batches": store.queue_depth}
 
     app.include_router(ingest.router)
+    app.include_router(heartbeat.router)  # POST /api/v1/heartbeats, for the watchdog
     app.include_router(query.router)
     app.include_router(metrics.router)
     app.include_router(otlp.router)  # POST /v1/metrics, see docs/otlp.md
@@ -90,7 +98,7 @@ def _count(request: Request, status: int) -> None:
     if store is None:
         return
     store.state.count_request(status)
-    if request.url.path == "/api/v1/ingest" and 400 <= status < 500:
+    if request.url.path in ("/api/v1/ingest", heartbeat.PATH) and 400 <= status < 500:
         store.state.count_rejected()
 
 

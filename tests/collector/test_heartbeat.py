@@ -1,0 +1,101 @@
+"""POST /api/v1/heartbeats: stored with the receive time; bad batches get a 4xx naming the
+field and store nothing; the watchdog names a silent rank on the clock alone."""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import pytest
+
+URL = "/api/v1/heartbeats"
+
+
+def beat(ranks=(0, 1), phase="forward", **changes) -> dict:
+    n = len(ranks)
+    cols = {
+        "rank": list(ranks),
+        "time_unix_s": [time.time()] * n,
+        "host": ["node0"] * n,
+        "step_started": [5] * n,
+        "step_finished": [4] * n,
+        "phase": [phase] * n,
+    }
+    cols.update(changes)
+    return {"schema_version": 1, "run_id": "r1", "heartbeats": cols}
+
+
+def stored(client) -> list[dict]:
+    store = client.app.state.store
+    store.flush()
+    return store.query("SELECT * FROM heartbeats ORDER BY rank").to_pylist()
+
+
+def test_a_batch_of_ranks_is_stored_with_the_receive_time(client) -> None:
+    before = time.time()
+    r = client.post(URL, json=beat(ranks=range(8)))
+    assert r.status_code == 202, r.text
+    assert r.json()["accepted_rows"] == {"heartbeats": 8}
+    rows = stored(client)
+    assert [row["rank"] for row in rows] == list(range(8))
+    assert all(before <= row["received_unix_s"] <= time.time() for row in rows)
+
+
+def test_msgpack_is_accepted(client) -> None:
+    body = msgpack.packb(beat(ranks=[3]))
+    r = client.post(URL, content=body, headers={"content-type": "application/msgpack"})
+    assert r.status_code == 202, r.text
+    assert stored(client)[0]["phase"] == "forward"
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (beat(phase="dancing"), "heartbeats.phase: 'dancing' is not one of"),
+        (beat(rank=[0, -1]), "heartbeats.rank: -1 is outside"),
+        (beat(step_finished=[4, None]), "heartbeats.step_finished: required field has null"),
+        (beat(received_unix_s=[1.0, 1.0]), "heartbeats.received_unix_s: set by the collector"),
+        (beat(host=["a"]), "heartbeats: columns have different lengths"),
+        ({**beat(), "steps": {}}, "unknown keys ['steps']"),
+        ({**beat(), "run_id": "no spaces"}, "run_id 'no spaces' is not valid"),
+        (beat(ranks=(1, 1), time_unix_s=[7.0, 7.0]), "2 rows have the same key"),
+    ],
+)
+def test_bad_batches_are_refused_by_field_and_store_nothing(client, doc, message) -> None:
+    r = client.post(URL, json=doc)
+    assert r.status_code == 422 and message in r.json()["detail"], r.text
+    assert stored(client) == []
+    metrics = client.get("/metrics").text
+    assert "trainvitals_collector_rejected_batches_total 1.0" in metrics
+
+
+def test_the_ingest_token_guards_heartbeats_too(settings) -> None:
+    from fastapi.testclient import TestClient
+
+    from trainvitals.collector.main import create_app
+
+    settings.ingest_token = "s3cret"
+    with TestClient(create_app(settings)) as client:
+        assert client.post(URL, json=beat()).status_code == 401
+        ok = client.post(URL, json=beat(), headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 202
+        assert len(stored(client)) == 2
+
+
+def test_the_watchdog_names_a_silent_rank_without_any_step(client) -> None:
+    watchdog = client.app.state.watchdog
+    now = [time.time()]
+    watchdog.clock = lambda: now[0]  # the thread ticks on this clock too
+    assert client.post(URL, json=beat(ranks=[0, 1])).status_code == 202
+    sent = time.time()
+    assert client.post(URL, json=beat(ranks=[0], time_unix_s=[sent])).status_code == 202
+    now[0] = time.time() + 5
+    assert watchdog.tick() == []  # 5 s of silence: not yet
+    now[0] = time.time() + 30
+    watchdog.tick()
+    alerts = client.app.state.store.query("SELECT kind, rank, message FROM alerts").to_pylist()
+    assert [(a["kind"], a["rank"]) for a in alerts] == [("rank_lost", 1)]
+    assert "rank 1 (host node0)" in alerts[0]["message"]
+    assert 'trainvitals_alerts_total{kind="rank_lost",rank="1",run_id="r1"} 1.0' in (
+        client.get("/metrics").text
+    )
