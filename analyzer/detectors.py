@@ -14,10 +14,18 @@ import numpy as np
 
 from .alerts import Alert
 from .attribution import MAD_TO_SIGMA, LayerHistory, RankLossHistory
+from .lr_schedule import WarmRestarts
 from .rolling import RollingWindow, median_of_sorted
 from .views import LayerView, RankView, StepView
 
-__all__ = ["LayerView", "LossSpikeDetector", "NonFiniteDetector", "RankView", "StepView"]
+__all__ = [
+    "LayerView",
+    "LossSpikeDetector",
+    "LossSpikeSettings",
+    "NonFiniteDetector",
+    "RankView",
+    "StepView",
+]
 
 
 def data_query(run_id: str, table: str, metric: str | None, start: int, end: int) -> str:
@@ -151,96 +159,184 @@ def _first_nonfinite_layer(layers: LayerView | None) -> tuple[int | None, str, s
     return default
 
 
+@dataclass(frozen=True)
+class LossSpikeSettings:
+    """Thresholds of the loss-spike detector (section `loss_spike`). Windows count logged
+    steps."""
+
+    # Step-to-step differences behind the noise estimate (loss and gradient norm).
+    window: int = 50
+    # Logged steps in the median that is the level a spike is measured against: short, so
+    # that it follows a falling loss (a median of 50 logged steps lagged one by 18% at
+    # log_every=10 and hid a 1.35x spike), and still ignores a one-step outlier.
+    level_window: int = 5
+    # Finite losses seen before judging anything.
+    min_history: int = 20
+    # On the loss alone: a spike is this many noise standard deviations above the level...
+    z_threshold: float = 8.0
+    # ... and at least this ratio - 1 above it (a near-zero noise on a flat curve would
+    # otherwise turn noise into alerts).
+    min_rise_ratio: float = 0.2
+    # With the gradient norm as the second signal: when the gradient norm is at least
+    # `grad_jump_ratio` times its level and `grad_z_threshold` of its own noise standard
+    # deviations above it, a loss rise of `joint_min_rise_ratio` and `joint_z_threshold`
+    # standard deviations suffices. Small spikes (+12-30% for a step or two) come with a
+    # 2-5x gradient-norm jump; a hard batch moves the loss as much but not the gradients.
+    grad_jump_ratio: float = 2.0
+    grad_z_threshold: float = 6.0
+    joint_min_rise_ratio: float = 0.1
+    joint_z_threshold: float = 2.0
+    # Logged steps of quiet after an alert: one alert per episode.
+    cooldown_steps: int = 50
+    # A learning rate up by this factor, to a peak used before, is a warm restart
+    # (lr_schedule.py): the loss rises by design, so no spike is raised for
+    # `restart_grace_steps` logged steps.
+    restart_lr_ratio: float = 1.5
+    restart_grace_steps: int = 20
+
+    def __post_init__(self) -> None:
+        if self.window < 3:
+            raise ValueError(f"loss_spike.window must be >= 3, got {self.window}")
+        if not 3 <= self.min_history <= self.window:
+            raise ValueError(
+                f"loss_spike.min_history must be in [3, window={self.window}], "
+                f"got {self.min_history}"
+            )
+        if not 1 <= self.level_window <= self.min_history:
+            raise ValueError(
+                f"loss_spike.level_window must be in [1, min_history={self.min_history}], "
+                f"got {self.level_window}"
+            )
+        for name in ("z_threshold", "grad_z_threshold", "joint_z_threshold"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"loss_spike.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("min_rise_ratio", "joint_min_rise_ratio"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"loss_spike.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("grad_jump_ratio", "restart_lr_ratio"):
+            if not getattr(self, name) > 1:
+                raise ValueError(f"loss_spike.{name} must be > 1, got {getattr(self, name)}")
+        for name in ("cooldown_steps", "restart_grace_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"loss_spike.{name} must be >= 0, got {getattr(self, name)}")
+
+
+class _Jumps:
+    """A positive series in log space: its level (median of the last `level_window`
+    values) and its noise (robust spread of the last `window` step-to-step differences)."""
+
+    def __init__(self, window: int, level_window: int) -> None:
+        self._level = RollingWindow(level_window)
+        self._diffs = RollingWindow(window)
+        self._last = math.nan
+        self.seen = 0
+
+    def push(self, x: float) -> None:
+        self._level.push(x)
+        if math.isfinite(self._last):
+            self._diffs.push(x - self._last)
+        self._last = x
+        self.seen += 1
+
+    def level(self) -> float:
+        return self._level.median()
+
+    def z(self, x: float) -> float:
+        """How many noise standard deviations `x` stands above the level."""
+        diffs = self._diffs.values()
+        if len(diffs) < 3:
+            return 0.0
+        typical = median_of_sorted(diffs)
+        mad = median_of_sorted(sorted(abs(d - typical) for d in diffs))
+        # MAD x 1.4826 estimates a difference's standard deviation; a difference holds
+        # two values' noise, hence / sqrt(2).
+        spread = MAD_TO_SIGMA * mad / math.sqrt(2) + 1e-12
+        return (x - self.level()) / spread
+
+
 @dataclass
 class LossSpikeDetector:
-    """A loss far above its recent robust baseline.
+    """A loss far above its recent robust baseline, alone or with the gradient norm.
 
-    Baseline (the level): median of log(loss) over the last `level_window` finite logged
-    steps. A median over the whole `window` lags a falling loss by half the window: with
-    log_every=10 that is 250 steps, and at step 410 of a simulated run it stood at 7.80
-    while the loss was 6.6, so a 1.39x spike looked like 1.18x and was missed. A short
-    median follows the trend within a few logged steps and still ignores a one-step
-    outlier. (Projecting the window's robust trend forward instead overshoots where a
-    fast fall flattens out, and raised false alarms there.)
-    Spread: the step-to-step noise, from the median absolute deviation (MAD) of the last
-    `window` differences of log(loss), scaled by 1.4826 / sqrt(2) so that it estimates the
-    standard deviation of Gaussian noise on each value (Rousseeuw & Croux, 1993);
-    differences ignore the trend, so a loss falling fast early in training does not
-    inflate the spread and hide a spike (the MAD of the values themselves would). Working
-    in log space makes the test relative, so it holds as the loss falls by orders of
-    magnitude. A step alarms when its log-loss exceeds the level by `z_threshold` spreads
-    *and* the loss is at least `min_rise_ratio` above the level: the second guard keeps a
-    near-zero MAD on a flat curve from turning noise into alerts. Needs `min_history`
-    finite steps. One alert per episode: after an alarm the detector is quiet for
-    `cooldown_steps`.
-
-    After a spike the detector follows the episode against the baseline frozen at the
-    spike: a loss back under baseline x (1 + min_rise_ratio) has recovered; one still above
-    it `diverge_steps` later is diverging, which raises a critical `loss_diverging` alert.
+    In log space (relative, whatever the loss's scale): the level is the median of the
+    last `level_window` finite logged losses; the noise, the robust spread (MAD x 1.4826 /
+    sqrt(2), Rousseeuw & Croux 1993) of the last `window` step-to-step differences, which a
+    trend (a loss falling fast early in training) does not inflate. A step is a spike when
+    its log-loss exceeds the level by `z_threshold` noise deviations and by
+    `min_rise_ratio`; or, when the gradient norm jumped too (by `grad_jump_ratio` and
+    `grad_z_threshold` deviations of its own noise, measured the same way), by
+    `joint_z_threshold` deviations and `joint_min_rise_ratio`. Needs `min_history` finite
+    losses. One alert per episode (quiet for `cooldown_steps`); quiet after a warm restart
+    of the learning rate. A loss that stays up is the DivergenceDetector's.
     """
 
-    window: int = 50
-    level_window: int = 5
-    min_history: int = 20
-    z_threshold: float = 8.0
-    min_rise_ratio: float = 0.2
-    cooldown_steps: int = 50
-    diverge_steps: int = 20
+    settings: LossSpikeSettings = field(default_factory=LossSpikeSettings)
     kind: str = "loss_spike"
     layers: LayerHistory = field(default_factory=LayerHistory)
     ranks: RankLossHistory = field(default_factory=RankLossHistory)
-    _level: RollingWindow = field(init=False, repr=False)  # last level_window log-losses
-    _diffs: RollingWindow = field(init=False, repr=False)
-    _history: int = 0  # finite losses seen
-    _last_x: float | None = None
-    _quiet_until: int = -1
-    _episode: tuple[int, float] | None = None  # (spike step, baseline loss) while unresolved
+    _loss: _Jumps = field(init=False, repr=False)
+    _grad: _Jumps = field(init=False, repr=False)
+    _restarts: WarmRestarts = field(init=False, repr=False)
+    _quiet_until: int = -1  # a step number
 
     def __post_init__(self) -> None:
-        if self.window < 3 or not 3 <= self.min_history <= self.window:
-            raise ValueError("LossSpikeDetector: need window >= min_history >= 3")
-        if not 1 <= self.level_window <= self.min_history:
-            raise ValueError("LossSpikeDetector: need 1 <= level_window <= min_history")
-        if self.z_threshold <= 0 or self.min_rise_ratio < 0:
-            raise ValueError("LossSpikeDetector: z_threshold must be > 0, min_rise_ratio >= 0")
-        self._level = RollingWindow(self.level_window)
-        self._diffs = RollingWindow(self.window)
+        cfg = self.settings
+        self._loss = _Jumps(cfg.window, cfg.level_window)
+        self._grad = _Jumps(cfg.window, cfg.level_window)
+        self._restarts = WarmRestarts(cfg.restart_lr_ratio)
 
     def observe(self, s: StepView) -> list[Alert]:
         self.layers.push(s.step, s.layers)
-        if s.loss is None or not (math.isfinite(s.loss) and s.loss > 0):
-            self.ranks.push(s.ranks)
-            return []  # non-finite losses are the NonFiniteDetector's
-        x = math.log(s.loss)
-        alerts = self._follow_episode(s)
-        if self._history >= self.min_history and s.step > self._quiet_until:
-            level = self._level.median()
-            typical = self._diffs.median()
-            mad = median_of_sorted(sorted(abs(d - typical) for d in self._diffs.values()))
-            spread = MAD_TO_SIGMA * mad / math.sqrt(2) + 1e-12
-            z = (x - level) / spread
-            if z > self.z_threshold and x - level > math.log1p(self.min_rise_ratio):
-                alerts.append(self._spike(s, math.exp(level), z))
-        self._level.push(x)
-        self._history += 1
-        if self._last_x is not None:
-            self._diffs.push(x - self._last_x)
-        self._last_x = x
+        if self._restarts.is_restart(s.lr):
+            self._quiet_until = max(self._quiet_until, s.step + self.settings.restart_grace_steps)
+        alerts = []
+        if s.loss is not None and math.isfinite(s.loss) and s.loss > 0:
+            # (non-finite losses are the NonFiniteDetector's)
+            x = math.log(s.loss)
+            g = _log_or_nan(s.grad_norm)
+            if self._loss.seen >= self.settings.min_history and s.step > self._quiet_until:
+                alerts = self._judge(s, x, g)
+            self._loss.push(x)
+            if math.isfinite(g):
+                self._grad.push(g)
         self.ranks.push(s.ranks)
         return alerts
 
-    def _spike(self, s: StepView, baseline: float, z: float) -> Alert:
-        self._quiet_until = s.step + self.cooldown_steps
-        self._episode = (s.step, baseline)
+    def _judge(self, s: StepView, x: float, g: float) -> list[Alert]:
+        cfg = self.settings
+        rise, z = x - self._loss.level(), self._loss.z(x)
+        if z > cfg.z_threshold and rise > math.log1p(cfg.min_rise_ratio):
+            return [self._spike(s, rise, z, None)]
+        if not (
+            z > cfg.joint_z_threshold
+            and rise > math.log1p(cfg.joint_min_rise_ratio)
+            and math.isfinite(g)
+            and self._grad.seen >= cfg.min_history
+        ):
+            return []
+        grad_rise, grad_z = g - self._grad.level(), self._grad.z(g)
+        if grad_z > cfg.grad_z_threshold and grad_rise > math.log(cfg.grad_jump_ratio):
+            return [self._spike(s, rise, z, (grad_rise, grad_z))]
+        return []
+
+    def _spike(self, s: StepView, rise: float, z: float, grad: tuple[float, float] | None) -> Alert:
+        self._quiet_until = s.step + self.settings.cooldown_steps
+        baseline = s.loss / math.exp(rise)
         size = f"({z:.1f} robust std devs)" if z < 1e3 else "(a flat baseline)"
+        jump = (
+            ""
+            if grad is None
+            else f"; gradient norm {s.grad_norm:.3g} is {math.exp(grad[0]):.1f}x its recent "
+            f"median ({grad[1]:.1f} robust std devs)"
+        )
         layer, stat, layer_part = self._layer_evidence(s)
         rank, rank_part = self._rank_evidence(s)
         parts = [
             f"loss {s.loss:.4g} at step {s.step} is {s.loss / baseline:.2f}x its recent "
-            f"median {baseline:.4g} {size}",
+            f"median {baseline:.4g} {size}{jump}",
             *filter(None, (layer_part, rank_part)),
         ]
-        start = s.step - self.window
+        start = s.step - self.settings.window
         queries = [data_query(s.run_id, "steps", None, start, s.step)]
         if stat is not None:
             queries.append(data_query(s.run_id, "layers", stat, start, s.step))
@@ -308,27 +404,7 @@ class LossSpikeDetector:
             "data or arithmetic produced the spike)"
         )
 
-    def _follow_episode(self, s: StepView) -> list[Alert]:
-        if self._episode is None or s.step == self._episode[0]:
-            return []
-        spike_step, baseline = self._episode
-        if s.loss <= baseline * (1 + self.min_rise_ratio):
-            self._episode = None  # recovered
-            return []
-        if s.step - spike_step < self.diverge_steps:
-            return []
-        self._episode = None
-        return [
-            Alert.at(
-                s,
-                kind="loss_diverging",
-                severity="critical",
-                message=(
-                    f"loss has not recovered from the spike at step {spike_step}: "
-                    f"{s.loss:.4g} at step {s.step} against {baseline:.4g} before it; "
-                    "roll back to a checkpoint before the spike"
-                ),
-                value=s.loss,
-                baseline=baseline,
-            )
-        ]
+
+def _log_or_nan(v: float | None) -> float:
+    """log(v) of a reported positive finite value; NaN otherwise."""
+    return math.log(v) if v is not None and math.isfinite(v) and v > 0 else math.nan

@@ -3,7 +3,8 @@
 `Analyzer.observe(run_id, tables)` takes the Arrow tables of one ingested batch (the
 collector's live driver) or of a stored run (the replay driver) and returns new alerts.
 Steps at or below the last step seen for a run are ignored, so a resent batch raises
-nothing twice.
+nothing twice. Checkpoint and restart events (the `events` table) go to the detectors
+that take them whatever their step; injected faults' ground truth goes to none.
 
 Cost: each column of a batch is converted to numpy once; a step's per-layer and per-rank
 values are slices of those arrays (see views.py). No Python object per rank is made.
@@ -22,6 +23,7 @@ import pyarrow.compute as pc
 
 from .alerts import Alert
 from .detectors import LossSpikeDetector, NonFiniteDetector
+from .divergence import DivergenceDetector
 from .runinfo import UNKNOWN, RunInfo
 from .sdc import CanaryDetector, PeerOutlierDetector, ReplicaDetector
 from .stall import StallDetector
@@ -33,8 +35,10 @@ from .views import (
     LAYER_MARKED,
     RANK_COLUMNS,
     RANK_MARKED,
+    RUN_EVENT_KINDS,
     LayerView,
     RankView,
+    RunEvent,
     StepView,
 )
 
@@ -55,6 +59,7 @@ def default_detectors() -> list:
     return [
         NonFiniteDetector(),
         LossSpikeDetector(),
+        DivergenceDetector(),
         StragglerDetector(),
         CanaryDetector(),
         ReplicaDetector(),
@@ -83,6 +88,7 @@ class Analyzer:
         if run is None:
             run = self._runs[run_id] = _Run(self._make())
         _read_layout(run, tables.get("runs"))
+        _hand_events(run, tables.get("events"))
         steps = tables.get("steps")
         if steps is None or steps.num_rows == 0:
             return []
@@ -118,6 +124,23 @@ def _read_layout(run: _Run, runs: Any) -> None:
         return
     run.runs_row = row
     run.info = RunInfo.from_runs(row)
+
+
+def _hand_events(run: _Run, events: Any) -> None:
+    """Give the checkpoint and restart events of a batch, whatever their step, to the
+    detectors that take them (`observe_events`), before the batch's steps. Events may
+    arrive after the step they name (rank 0 sends them on its own), so detectors keep
+    them and look back; ground truth (`fault:*`) is dropped here and reaches no one."""
+    if events is None or events.num_rows == 0:
+        return
+    kept = events.filter(pc.is_in(events.column("kind"), pa.array(RUN_EVENT_KINDS)))
+    if kept.num_rows == 0:
+        return
+    rows = kept.select(["step", "kind", "time_unix_s"]).to_pylist()
+    batch = [RunEvent(**row) for row in sorted(rows, key=lambda r: (r["step"], r["kind"]))]
+    for d in run.detectors:
+        if hasattr(d, "observe_events"):
+            d.observe_events(batch)
 
 
 def _step_rows(steps: pa.Table) -> list[dict]:

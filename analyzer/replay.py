@@ -24,7 +24,7 @@ from typing import Any
 
 import duckdb
 
-from trainvitals.schema import LAYERS, RANKS, RUNS, STEPS, STORE_TABLES
+from trainvitals.schema import EVENTS, LAYERS, RANKS, RUNS, STEPS, STORE_TABLES
 
 from .alerts import Alert
 from .engine import Analyzer
@@ -92,6 +92,7 @@ def replay_store(con: duckdb.DuckDBPyConnection) -> Iterator[Alert]:
         meta = con.sql(
             f"SELECT {_columns(RUNS)} FROM runs WHERE run_id = $1", params=[run_id]
         ).to_arrow_table()
+        events_done = -1  # events up to this step were handed over
         for start in _window_starts(con, run_id):
             window = [run_id, start, start + CHUNK_STEPS - 1]
             tables = {"runs": meta} if meta.num_rows else {}
@@ -101,6 +102,14 @@ def replay_store(con: duckdb.DuckDBPyConnection) -> Iterator[Alert]:
                     "WHERE run_id = $1 AND step BETWEEN $2 AND $3 ORDER BY step",
                     params=window,
                 ).to_arrow_table()
+            # Events up to the window's end, those in a gap before it too: detectors look
+            # back at them only (the live driver hands them over as they arrive).
+            tables["events"] = con.sql(
+                f"SELECT {_columns(EVENTS)} FROM events "
+                "WHERE run_id = $1 AND step > $2 AND step <= $3 ORDER BY step",
+                params=[run_id, events_done, window[2]],
+            ).to_arrow_table()
+            events_done = window[2]
             yield from analyzer.observe(run_id, tables)
 
 

@@ -211,6 +211,20 @@ def group_medians(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, n
     return med, counts
 
 
+@dataclass(frozen=True)
+class RunEvent:
+    """A checkpoint or restart of the run (events table), which the engine hands to
+    detectors that define `observe_events`. Injected faults' ground truth (`fault:*`
+    events) never reaches a detector."""
+
+    step: int
+    kind: str  # one of RUN_EVENT_KINDS
+    time_unix_s: float
+
+
+RUN_EVENT_KINDS = ("checkpoint", "restart")
+
+
 @dataclass(frozen=True, eq=False)
 class StepView:
     """The slice of one logged step that detectors read."""

@@ -59,6 +59,9 @@ class _Run:
     parts: dict[str, list[pa.Table]] = field(default_factory=dict)  # committed, not analysed
     due: deque[tuple[float, int]] = field(default_factory=deque)  # (commit time, max step)
     meta: pa.Table | None = None  # the runs row
+    # Events rows, handed over whole with the next window whatever their step: an event
+    # may arrive after the step it names, and detectors look back (analyzer/engine.py).
+    events: list[pa.Table] = field(default_factory=list)
     last: int = -1  # last step analysed
 
 
@@ -124,6 +127,8 @@ class LiveAnalysis:
                     rows -= table.num_rows - parts[name].num_rows
             if "runs" in tables and tables["runs"].num_rows:
                 run.meta = tables["runs"].slice(tables["runs"].num_rows - 1)
+            if "events" in tables and tables["events"].num_rows:
+                run.events.append(tables["events"])
             for name, table in parts.items():
                 if table.num_rows:
                     run.parts.setdefault(name, []).append(table)
@@ -220,6 +225,9 @@ class LiveAnalysis:
                     mine = table.filter(pc.invert(later))  # rows <= run.last are not buffered
                     window[name] = _first_copies(mine, _TABLES[name])
             if up_to > run.last:
+                if run.events:
+                    window["events"] = pa.concat_tables(run.events)
+                    run.events = []
                 run.last = up_to
                 work[run_id] = ({"runs": run.meta} if run.meta is not None else {}, window)
         self._cond.notify_all()  # a writer waiting for room

@@ -109,11 +109,12 @@ def test_spike_that_recovers_is_not_diverging() -> None:
     assert [a.kind for a in alerts] == ["loss_spike"]
 
 
-def test_spike_that_stays_up_is_diverging() -> None:
+def test_spike_that_stays_up_is_one_spike_alert() -> None:
+    # A loss that stays up is the DivergenceDetector's (test_divergence.py), judged
+    # against the baseline frozen before the climb; the spike detector raises the jump.
     stays_up = {s: 3.0 for s in range(250, 400)}
     alerts = _run(LossSpikeDetector(), _curve(400, seed=4, spikes=stays_up))
-    assert [(a.kind, a.step) for a in alerts] == [("loss_spike", 250), ("loss_diverging", 270)]
-    assert alerts[1].severity == "critical"
+    assert [(a.kind, a.step) for a in alerts] == [("loss_spike", 250)]
 
 
 def _throughput(tokens_per_s: list[float]) -> list:

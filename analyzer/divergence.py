@@ -1,0 +1,332 @@
+"""Sustained divergence: a loss that climbs and stays up, with or without a spike.
+
+The loss is judged against a baseline *frozen* at the last healthy logged step, never
+against a recent median, which follows a climb and hides it. The gradient norm, when
+reported, is the second signal: its growth since that step lowers the loss rise needed.
+The alert names the onset (`start_step`), how far the loss climbed, the gradient norm's
+growth and the last checkpoint saved before the onset, to roll back to.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .alerts import Alert
+from .attribution import MAD_TO_SIGMA
+from .detectors import data_query
+from .lr_schedule import WarmRestarts
+from .rolling import RollingWindow, median_of_sorted
+from .views import RunEvent, StepView
+
+# Standard error of the median of n Gaussian values: sqrt(pi / 2) x sigma / sqrt(n)
+# (asymptotic efficiency of the median; Kenney & Keeping, 1962).
+_MEDIAN_SE = math.sqrt(math.pi / 2)
+
+
+@dataclass(frozen=True)
+class DivergenceSettings:
+    """Thresholds of the divergence detector (section `divergence`). Windows count logged
+    steps. Defaults chosen on bench/loss_curves.py (docs/benchmarks.md)."""
+
+    # Logged steps in the median that gives the loss's current level: long enough that
+    # one-step bumps and spikes do not move it, short enough to lag a climb by ~10 steps.
+    level_window: int = 20
+    # Logged steps in the slower median whose lowest value over `baseline_window` is the
+    # baseline: a longer median has less noise, so its minimum is biased low less.
+    baseline_level_window: int = 50
+    # Logged steps over which the baseline is the lowest slow median (while healthy): a
+    # climb slower than this would drag the baseline along with it.
+    baseline_window: int = 1000
+    # Logged steps of step-to-step differences behind the noise estimate.
+    noise_window: int = 100
+    # Finite losses seen before judging anything.
+    min_history: int = 20
+    # Loss rise over the baseline (a ratio - 1) that is a divergence on the loss alone:
+    # above the few percent of a data-order shift or a plateau's wander.
+    min_rise: float = 0.10
+    # Loss rise that suffices when the gradient norm grew by `min_grad_growth` too.
+    min_rise_with_grad: float = 0.05
+    # Growth of the gradient norm's level since the onset (a ratio) that corroborates.
+    min_grad_growth: float = 1.25
+    # The rise must also exceed this many standard errors of the level, so that a noisy
+    # loss needs a larger rise (5% noise per step: about 9%).
+    noise_z: float = 5.0
+    # A level within this many standard errors of the baseline is healthy: the last such
+    # step is the onset, where the baseline freezes.
+    healthy_z: float = 2.0
+    # Consecutive logged steps that must meet the rule before the alert.
+    confirm_steps: int = 3
+    # The loss is recovering once its level fell from the episode's peak by this fraction
+    # of the climb: no alert then (a spike's decay, 3.44 -> 0.88 -> 0.58, is no divergence).
+    recover_fraction: float = 0.25
+    # The episode resolves when the level is back within this ratio - 1 of the baseline.
+    resolve_rise: float = 0.03
+    # A learning rate up by this factor, to a peak used before, is a warm restart
+    # (lr_schedule.py): the loss may rise; judging pauses for `restart_grace_steps`.
+    restart_lr_ratio: float = 1.5
+    restart_grace_steps: int = 100
+
+    def __post_init__(self) -> None:
+        for name in (
+            "level_window",
+            "baseline_level_window",
+            "baseline_window",
+            "noise_window",
+            "min_history",
+            "confirm_steps",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"divergence.{name} must be >= 1, got {getattr(self, name)}")
+        if self.noise_window < 3:
+            raise ValueError(f"divergence.noise_window must be >= 3, got {self.noise_window}")
+        for name in ("min_rise", "min_rise_with_grad", "resolve_rise", "recover_fraction"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"divergence.{name} must be > 0, got {getattr(self, name)}")
+        if self.min_rise_with_grad > self.min_rise:
+            raise ValueError(
+                f"divergence.min_rise_with_grad ({self.min_rise_with_grad}) must be <= "
+                f"divergence.min_rise ({self.min_rise})"
+            )
+        if self.resolve_rise >= self.min_rise_with_grad:
+            raise ValueError(
+                f"divergence.resolve_rise ({self.resolve_rise}) must be < "
+                f"divergence.min_rise_with_grad ({self.min_rise_with_grad})"
+            )
+        if not self.recover_fraction < 1:
+            raise ValueError(
+                f"divergence.recover_fraction must be < 1, got {self.recover_fraction}"
+            )
+        for name in ("min_grad_growth", "restart_lr_ratio"):
+            if not getattr(self, name) > 1:
+                raise ValueError(f"divergence.{name} must be > 1, got {getattr(self, name)}")
+        for name in ("noise_z", "healthy_z"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"divergence.{name} must be >= 0, got {getattr(self, name)}")
+        if self.restart_grace_steps < 0:
+            raise ValueError(
+                f"divergence.restart_grace_steps must be >= 0, got {self.restart_grace_steps}"
+            )
+
+
+@dataclass(frozen=True)
+class _Onset:
+    """The last healthy logged step: where the baseline froze."""
+
+    step: int
+    baseline: float  # log-loss
+    grad_level: float  # log grad norm level then; NaN: not reported
+
+
+class _LowestOf:
+    """Lowest of the last `size` values pushed: a monotone deque, O(1) amortised."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._n = 0
+        self._low: deque[tuple[int, float]] = deque()  # (index, value), values increasing
+
+    def push(self, x: float) -> None:
+        while self._low and self._low[-1][1] >= x:
+            self._low.pop()
+        self._low.append((self._n, x))
+        self._n += 1
+        if self._low[0][0] <= self._n - 1 - self.size:
+            self._low.popleft()
+
+    def lowest(self) -> float:
+        return self._low[0][1]
+
+    def clear(self) -> None:
+        self._low.clear()
+
+
+@dataclass
+class DivergenceDetector:
+    """`loss_diverging` (critical): the loss climbed and is not coming back down.
+
+    Per logged step, in log space: the level `m` (median of the last `level_window`
+    losses) against the baseline `B`, the lowest slower median (`baseline_level_window`)
+    of the last `baseline_window` steps. While `m` stays within `healthy_z` standard
+    errors of `B` the step is healthy; after the last healthy step (the onset) `B` is
+    frozen, so a slow climb cannot drag it along. The alert needs, for `confirm_steps`
+    steps in a row: a rise m - B of at least `min_rise` (or `min_rise_with_grad` when the
+    gradient norm's level grew by `min_grad_growth` since the onset) and `noise_z`
+    standard errors; and a loss that is not recovering (its level not down from the
+    episode's peak by `recover_fraction` of the climb). It resolves once `m` is back within
+    `resolve_rise` of `B`. Warm restarts of the learning rate pause it (lr_schedule.py).
+    The noise is the robust spread of step-to-step differences, as in the spike detector.
+    Per step: a few O(window) inserts into sorted windows.
+    """
+
+    settings: DivergenceSettings = field(default_factory=DivergenceSettings)
+    kind: str = "loss_diverging"
+    _level: RollingWindow = field(init=False, repr=False)
+    _slow_level: RollingWindow = field(init=False, repr=False)
+    _grad_level: RollingWindow = field(init=False, repr=False)
+    _diffs: RollingWindow = field(init=False, repr=False)
+    _lows: _LowestOf = field(init=False, repr=False)
+    _restarts: WarmRestarts = field(init=False, repr=False)
+    _last_x: float = math.nan
+    _seen: int = 0  # finite losses
+    _grace_left: int = 0  # logged steps still paused after a warm restart
+    _onset: _Onset | None = None  # last healthy step
+    _peak: float = -math.inf  # highest level since the onset
+    _streak: int = 0  # consecutive steps meeting the rule
+    _alert: Alert | None = None  # the open episode
+    _checkpoints: list[int] = field(default_factory=list)  # steps of checkpoint events, sorted
+
+    def __post_init__(self) -> None:
+        cfg = self.settings
+        self._level = RollingWindow(cfg.level_window)
+        self._slow_level = RollingWindow(cfg.baseline_level_window)
+        self._grad_level = RollingWindow(cfg.level_window)
+        self._diffs = RollingWindow(cfg.noise_window)
+        self._lows = _LowestOf(cfg.baseline_window)
+        self._restarts = WarmRestarts(cfg.restart_lr_ratio)
+
+    def observe_events(self, events: list[RunEvent]) -> None:
+        """Checkpoints saved by the run: rollback advice names the last before an onset."""
+        for e in events:
+            if e.kind == "checkpoint":
+                i = bisect.bisect_left(self._checkpoints, e.step)
+                if i == len(self._checkpoints) or self._checkpoints[i] != e.step:
+                    self._checkpoints.insert(i, e.step)
+
+    def observe(self, s: StepView) -> list[Alert]:
+        if self._restarts.is_restart(s.lr):
+            self._restart()
+        if s.loss is None or not (math.isfinite(s.loss) and s.loss > 0):
+            return []  # non-finite losses are the NonFiniteDetector's
+        self._push(s)
+        if self._seen < self.settings.min_history or self._grace_left > 0:
+            self._grace_left = max(0, self._grace_left - 1)
+            self._lows.push(self._slow_level.median())
+            self._healthy(s.step, self._lows.lowest())
+            return []
+        return self._judge(s)
+
+    def _push(self, s: StepView) -> None:
+        x = math.log(s.loss)
+        self._level.push(x)
+        self._slow_level.push(x)
+        if math.isfinite(self._last_x):
+            self._diffs.push(x - self._last_x)
+        self._last_x = x
+        g = s.grad_norm
+        if g is not None and math.isfinite(g) and g > 0:
+            self._grad_level.push(math.log(g))
+        self._seen += 1
+
+    def _restart(self) -> None:
+        """A warm restart: pause, and build the baseline afresh from what follows."""
+        self._grace_left = self.settings.restart_grace_steps
+        self._lows.clear()
+        self._onset = None
+        self._streak = 0
+
+    def _healthy(self, step: int, baseline: float) -> None:
+        grad = self._grad_level.median() if len(self._grad_level) else math.nan
+        self._onset = _Onset(step, baseline, grad)
+        self._peak = -math.inf
+        self._streak = 0
+
+    def _level_se(self) -> float:
+        """Standard error of the level, from the noise of step-to-step differences."""
+        if len(self._diffs) < 3:
+            return 0.0
+        diffs = self._diffs.values()
+        typical = median_of_sorted(diffs)
+        mad = median_of_sorted(sorted(abs(d - typical) for d in diffs))
+        sigma = MAD_TO_SIGMA * mad / math.sqrt(2)  # a difference holds two values' noise
+        return _MEDIAN_SE * sigma / math.sqrt(len(self._level))
+
+    def _judge(self, s: StepView) -> list[Alert]:
+        cfg = self.settings
+        level = self._level.median()
+        se = self._level_se()
+        frozen = self._onset is not None and level - self._onset.baseline > cfg.healthy_z * se
+        if not frozen:
+            self._lows.push(self._slow_level.median())
+            baseline = self._lows.lowest()
+        else:
+            baseline = self._onset.baseline
+        rise = level - baseline
+        alerts = []
+        healthy = cfg.healthy_z * se
+        if self._alert is not None and rise <= max(math.log1p(cfg.resolve_rise), healthy):
+            alerts.append(self._resolve(s, level, baseline))
+        if rise <= healthy:
+            self._healthy(s.step, baseline)
+            return alerts
+        self._peak = max(self._peak, level)
+        if self._alert is not None:
+            return alerts
+        onset = self._onset
+        growth = self._grad_growth(onset)
+        corroborated = growth is not None and growth >= math.log(cfg.min_grad_growth)
+        need = max(
+            math.log1p(cfg.min_rise_with_grad if corroborated else cfg.min_rise), cfg.noise_z * se
+        )
+        recovering = level < self._peak - max(cfg.recover_fraction * rise, healthy)
+        self._streak = self._streak + 1 if rise >= need and not recovering else 0
+        if self._streak >= cfg.confirm_steps:
+            self._alert = self._diverging(s, onset, level, growth)
+            alerts.append(self._alert)
+        return alerts
+
+    def _grad_growth(self, onset: _Onset) -> float | None:
+        """log(grad-norm level now / at the onset); None when not reported."""
+        if not (len(self._grad_level) and math.isfinite(onset.grad_level)):
+            return None
+        return self._grad_level.median() - onset.grad_level
+
+    def _diverging(self, s: StepView, onset: _Onset, level: float, growth: float | None) -> Alert:
+        base = math.exp(onset.baseline)
+        grad = (
+            "gradient norm not reported"
+            if growth is None
+            else f"gradient norm {math.exp(growth):.2g}x its level at the onset"
+        )
+        message = (
+            f"loss diverging: its level (median of the last {len(self._level)} logged losses) "
+            f"rose to {math.exp(level):.4g} at step {s.step}, "
+            f"{math.exp(level - onset.baseline):.2f}x its baseline {base:.4g} frozen at step "
+            f"{onset.step} (the last healthy step), "
+            f"and is not coming back down; {grad}. {self._rollback(onset.step)} Data: "
+            + data_query(s.run_id, "steps", None, onset.step - self.settings.level_window, s.step)
+        )
+        return Alert.at(
+            s,
+            kind=self.kind,
+            severity="critical",
+            message=message,
+            value=math.exp(level),
+            baseline=base,
+            start_step=onset.step,
+        )
+
+    def _rollback(self, onset_step: int) -> str:
+        i = bisect.bisect_right(self._checkpoints, onset_step)
+        if i == 0:
+            return (
+                f"No checkpoint event at or before step {onset_step} was reported: roll back "
+                f"to a checkpoint saved at or before step {onset_step}."
+            )
+        return (
+            f"Roll back to the checkpoint saved at step {self._checkpoints[i - 1]}, the last "
+            f"before the onset."
+        )
+
+    def _resolve(self, s: StepView, level: float, baseline: float) -> Alert:
+        alert, self._alert = self._alert, None
+        assert alert is not None
+        return alert.resolved_at(
+            s.step,
+            s.time_unix_s,
+            f"loss back to {math.exp(level):.4g} at step {s.step}, within "
+            f"{math.expm1(max(level - baseline, 0)):.0%} of its baseline {math.exp(baseline):.4g}: "
+            f"the divergence that began after step {alert.start_step} has ended",
+        )
