@@ -8,7 +8,8 @@ stored run, which is what makes a replay reproduce the live alerts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -16,6 +17,8 @@ from .alerts import Alert
 from .attribution import MAD_TO_SIGMA, LayerHistory, RankLossHistory
 from .lr_schedule import WarmRestarts
 from .rolling import RollingWindow, median_of_sorted
+from .runinfo import name_layer
+from .runinfo import name_ranks as name_ranks_of_run
 from .views import LayerView, RankView, StepView
 
 __all__ = [
@@ -36,10 +39,19 @@ def data_query(run_id: str, table: str, metric: str | None, start: int, end: int
 
 
 def name_ranks(ranks: list[int], limit: int = 8) -> str:
-    """'rank 3', 'ranks 3, 7', 'ranks 1, 2, ... and 40 more'."""
+    """'rank 3', 'ranks 3, 7', 'ranks 1, 2, ... and 40 more'.
+
+    Superseded by runinfo.name_ranks(step.run, ranks), which names each rank's host: kept
+    only until straggler.py and stall.py call that one."""
     shown = ", ".join(map(str, ranks[:limit]))
     more = f" and {len(ranks) - limit} more" if len(ranks) > limit else ""
     return f"rank{'s' if len(ranks) > 1 else ''} {shown}{more}"
+
+
+@dataclass(frozen=True)
+class NonFiniteSettings:
+    """Section `nonfinite`: nothing to tune. Any NaN or infinity in the loss, a gradient, a
+    block output or a parameter means training has already gone wrong."""
 
 
 @dataclass
@@ -51,17 +63,29 @@ class NonFiniteDetector:
     act_nonfinite_count) and of every step since the previous logged one
     (steps.nonfinite_steps, layers.act_nonfinite_steps); on a reported non-finite layer
     statistic (act_rms, grad_norm, act_max_abs, which is a max over those steps too, and
-    param_norm); and on a rank's non-finite local loss or local gradient norm. The culprit
-    layer is the lowest layer index (forward order) whose *activations* went non-finite,
-    else the lowest whose gradients did, else whose parameters did: a NaN born in layer
-    k's forward reaches every later layer's output, and every gradient, within the same
-    step. The culprit rank is the rank whose
-    local loss went non-finite while others' did not (with tensor parallelism its tp peers
-    share its loss and are listed too); when every rank is hit, nobody is named.
+    param_norm); and on a rank's non-finite local loss or local gradient norm.
+
+    Where it started (`_origin`), following the order in which a step computes:
+    - block outputs (activations) went non-finite: the first such layer in forward order,
+      since a NaN born in layer k's forward reaches every later output, the loss and every
+      gradient within the step. Unless the loss was non-finite on more steps since the
+      previous logged one than any layer's outputs: then the loss went first (an unlogged
+      step's NaN loss made the weights, and the next steps' outputs, non-finite);
+    - else a non-finite loss: the loss itself, not a layer. Backward starts from it, so
+      every gradient is non-finite in the same step; the outputs were finite;
+    - else gradients alone: the last layer in forward order whose gradients went
+      non-finite, since backward runs in reverse and a NaN born in layer k's backward
+      reaches the gradients of every earlier layer;
+    - else parameters (an update that overflowed): the first such layer.
+    The culprit rank is the rank whose local loss or gradient went non-finite while others'
+    did not (with tensor parallelism its tp peers share its loss and are listed too); when
+    every rank is hit, nobody is named. Layers and ranks are named as the run names them
+    (runinfo.py); the alert's `layer` keeps the index.
     One alert per episode: quiet until a step is finite again.
     """
 
-    kind: str = "nonfinite"
+    settings: NonFiniteSettings = field(default_factory=NonFiniteSettings)
+    kind: ClassVar[str] = "nonfinite"
     _in_episode: bool = False
 
     def observe(self, s: StepView) -> list[Alert]:
@@ -77,14 +101,16 @@ class NonFiniteDetector:
                 f"{s.nonfinite_steps:.0f} step(s) since the previous logged one held a NaN/inf "
                 "loss or output"
             )
-        layer, layer_what, column = _first_nonfinite_layer(s.layers)
-        rank_bad = np.empty(0, dtype=np.int64)
+        rank_bad, rank_loss_bad = np.empty(0, dtype=np.int64), False
         if s.ranks is not None and len(s.ranks):
-            hit = ~np.isfinite(s.ranks.loss) | s.ranks.grad_norm_local_nonfinite
-            rank_bad = s.ranks.rank[hit]
+            rank_loss = ~np.isfinite(s.ranks.loss)
+            rank_bad = s.ranks.rank[rank_loss | s.ranks.grad_norm_local_nonfinite]
+            rank_loss_bad = bool(rank_loss.any())
             if len(rank_bad):
-                bad.append(f"local loss or gradient of {name_ranks(rank_bad.tolist())}")
-        if not bad and layer is None:
+                who = name_ranks_of_run(s.run, rank_bad.tolist())
+                bad.append(f"local loss or gradient of {who}")
+        origin = _origin(s, loss_bad="loss" in bad or rank_loss_bad)
+        if not bad and origin.layer is None:
             self._in_episode = False
             return []
         if self._in_episode:
@@ -93,17 +119,16 @@ class NonFiniteDetector:
         rank = None
         if len(rank_bad) and len(rank_bad) < len(s.ranks):
             rank = int(rank_bad[0])
-            who = f"; it started on {name_ranks(rank_bad.tolist())} (the others stayed finite)"
+            who = (
+                f"; it started on {name_ranks_of_run(s.run, rank_bad.tolist())} (the others stayed "
+                "finite)"
+            )
         elif len(rank_bad):
             who = "; every rank is hit, so no single rank is named"
         else:
             who = ""
-        where = (
-            ""
-            if layer is None
-            else (f"; first non-finite layer in forward order: {layer} ({layer_what})")
-        )
         what = "; ".join(bad) or "in layer statistics"
+        where = f"; {origin.sentence}" if origin.sentence else ""
         return [
             Alert.at(
                 s,
@@ -111,21 +136,98 @@ class NonFiniteDetector:
                 severity="critical",
                 message=(
                     f"non-finite values at step {s.step}: {what}{where}{who}. Data: "
-                    + data_query(s.run_id, "layers", column, s.step, s.step)
+                    + data_query(s.run_id, origin.table, origin.column, s.step, s.step)
                 ),
                 value=s.loss if "loss" in bad else s.grad_norm if "grad_norm" in bad else None,
                 rank=rank,
-                layer=layer,
+                layer=origin.layer,
             )
         ]
 
 
-def _first_nonfinite_layer(layers: LayerView | None) -> tuple[int | None, str, str]:
-    """(lowest layer whose activations, else gradients, else parameters went non-finite,
-    which of them, the column that shows it); (None, "", default column) when none did."""
-    default = (None, "", "act_nonfinite_count")
+@dataclass(frozen=True)
+class _Origin:
+    """Where a non-finite episode started: a layer (index), the loss, or unknown."""
+
+    layer: int | None = None
+    sentence: str = ""  # "" when nothing points anywhere
+    table: str = "layers"  # where the evidence is (data_query)
+    column: str = "act_nonfinite_count"
+
+
+def _origin(s: StepView, loss_bad: bool) -> _Origin:
+    """Where the non-finite values of step `s` started (see NonFiniteDetector)."""
+    firsts = _first_nonfinite_layers(s.layers)
+    loss = _Origin(table="steps", column="loss")
+    acts = firsts.get("activations")
+    if acts is not None:
+        index, column = acts
+        lead = _loss_steps_ahead(s)
+        if lead is not None:
+            return replace(
+                loss,
+                sentence=f"it started in the loss: {lead}, so the non-finite outputs followed it",
+            )
+        return _Origin(
+            index,
+            f"first non-finite layer in forward order: {name_layer(s.run, index)} (activations)",
+            "layers",
+            column,
+        )
+    if loss_bad or s.nonfinite_steps > 0:  # nonfinite_steps counts losses and outputs
+        return replace(
+            loss,
+            sentence=(
+                "it started in the loss: it went non-finite while every layer's outputs "
+                "stayed finite, so the non-finite gradients of every layer follow from it "
+                "(no layer is to blame)"
+            ),
+        )
+    if (grads := firsts.get("gradients")) is not None:
+        index, column = grads
+        return _Origin(
+            index,
+            f"first non-finite gradients in backward order: {name_layer(s.run, index)}",
+            "layers",
+            column,
+        )
+    if (params := firsts.get("parameters")) is not None:
+        index, column = params
+        return _Origin(
+            index,
+            f"first non-finite layer in forward order: {name_layer(s.run, index)} (parameters)",
+            "layers",
+            column,
+        )
+    return _Origin()
+
+
+def _loss_steps_ahead(s: StepView) -> str | None:
+    """Evidence that the loss went non-finite before any layer's outputs, or None.
+
+    steps.nonfinite_steps counts the steps since the previous logged one whose loss *or*
+    outputs held a NaN/inf, layers.act_nonfinite_steps those whose outputs did: more of
+    the first means some step had a non-finite loss and finite outputs. Without the
+    per-layer counts (an older producer) nothing is claimed.
+    """
+    per_layer = None if s.layers is None else s.layers.act_nonfinite_steps
+    if per_layer is None or not len(per_layer) or not np.isfinite(per_layer).all():
+        return None
+    outputs = float(per_layer.max())
+    if not s.nonfinite_steps > outputs:  # NaN compares False
+        return None
+    return (
+        f"the loss or outputs were non-finite on {s.nonfinite_steps:.0f} step(s) since the "
+        f"previous logged one, any layer's outputs on at most {outputs:.0f}"
+    )
+
+
+def _first_nonfinite_layers(layers: LayerView | None) -> dict[str, tuple[int, str]]:
+    """{"activations" | "gradients" | "parameters": (layer index, the column showing it)}:
+    the first layer in forward order whose activations or parameters went non-finite, the
+    last whose gradients did (backward runs in reverse). Kinds without one are absent."""
     if layers is None or not len(layers.layer):
-        return default
+        return {}
     # act_rms and grad_norm are required columns: NaN there is a value, not a gap. In the
     # optional act_max_abs and param_norm NaN may mean "not reported": their marks say
     # which values were reported (an infinity is never a gap). NaN counts compare False.
@@ -147,16 +249,18 @@ def _first_nonfinite_layer(layers: LayerView | None) -> tuple[int | None, str, s
                 layers.param_norm_nonfinite | np.isinf(layers.param_norm),
             ),
         )
-    for what in ("activations", "gradients", "parameters"):
-        firsts = [
-            (int(where[0]), column)
-            for kind, column, hit in signals
-            if kind == what and len(where := np.flatnonzero(hit))
-        ]
-        if firsts:  # layers are in ascending order: the lowest index is the first layer
-            i, column = min(firsts, key=lambda first: first[0])
-            return int(layers.layer[i]), what, column
-    return default
+    out: dict[str, tuple[int, str]] = {}
+    for kind, column, hit in signals:
+        where = np.flatnonzero(hit)
+        if not len(where):
+            continue
+        # layers are in ascending index (forward) order
+        i = int(where[-1] if kind == "gradients" else where[0])
+        best = out.get(kind)
+        earlier = best is None or (i > best[0] if kind == "gradients" else i < best[0])
+        if earlier:
+            out[kind] = (i, column)
+    return {kind: (int(layers.layer[i]), column) for kind, (i, column) in out.items()}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .alerts import Alert
 from .detectors import LossSpikeDetector, NonFiniteDetector
 from .divergence import DivergenceDetector
 from .runinfo import UNKNOWN, RunInfo
-from .sdc import CanaryDetector, PeerOutlierDetector, ReplicaDetector
+from .sdc import sdc_detectors
 from .stall import StallDetector
 from .straggler import StragglerDetector
 from .throttle import ThrottleDetector
@@ -61,9 +61,7 @@ def default_detectors() -> list:
         LossSpikeDetector(),
         DivergenceDetector(),
         StragglerDetector(),
-        CanaryDetector(),
-        ReplicaDetector(),
-        PeerOutlierDetector(),
+        *sdc_detectors(),  # canary, peer outliers, replica: one shared board of suspects
         StallDetector(),
         ThrottleDetector(),
         ThroughputDropDetector(),

@@ -17,17 +17,39 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from .alerts import Alert
 from .attribution import MAD_TO_SIGMA
-from .detectors import data_query, name_ranks
+from .detectors import data_query
 from .rolling import RollingWindow
 from .rolling import median as fast_median
+from .runinfo import RunInfo, name_rank, name_ranks
 from .views import StepView
 
 _NONE = np.empty(0, dtype=np.int64)
+SIGNALS = ("grad_norm_local", "loss")  # per-rank columns the peer-outlier test watches
+# How the Suspects board says who named a rank (ReplicaDetector quotes it).
+CANARY = "its SDC canary disagrees with the majority"
+PEERS = "a persistent outlier among its data-parallel peers"
+
+
+def sdc_detectors(
+    canary: CanarySettings | None = None,
+    replica: ReplicaSettings | None = None,
+    peer_outlier: PeerOutlierSettings | None = None,
+) -> list:
+    """One run's three SDC detectors, sharing one Suspects board, in the order that lets
+    the replica detector read the canary's and the peer outliers' findings of the same
+    step. None: the defaults."""
+    board = Suspects()
+    return [
+        CanaryDetector(canary or CanarySettings(), board),
+        PeerOutlierDetector(peer_outlier or PeerOutlierSettings(), board),
+        ReplicaDetector(replica or ReplicaSettings(), board),
+    ]
 
 
 def outvoted(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,6 +81,37 @@ def outvoted(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.sort(positions), split
 
 
+@dataclass(frozen=True)
+class CanarySettings:
+    """Section `canary`: nothing to tune. Healthy identical devices running the same
+    kernels agree bit for bit, so any disagreement counts and a strict majority of all
+    ranks names the culprits; how often the canary runs is the hooks' `canary_every`."""
+
+
+@dataclass
+class Suspects:
+    """Ranks that the canary or the peer outliers name at present, by signal.
+
+    One run's three SDC detectors share one board (see `sdc_detectors`): the canary and
+    the peer-outlier detectors write what they currently find, and the replica detector
+    reads it to tell the corrupt member of a replica group from the members that only
+    received its corrupted gradients.
+    """
+
+    by_signal: dict[str, frozenset[int]] = field(default_factory=dict)
+
+    def set(self, signal: str, ranks: list[int]) -> None:
+        self.by_signal[signal] = frozenset(ranks)
+
+    def named(self) -> dict[int, str]:
+        """rank -> the signal that names it (the first, when several do)."""
+        out: dict[int, str] = {}
+        for signal, ranks in self.by_signal.items():
+            for rank in ranks:
+                out.setdefault(rank, signal)
+        return out
+
+
 @dataclass
 class CanaryDetector:
     """A rank whose canary fingerprint disagrees with the strict majority of all ranks.
@@ -70,7 +123,9 @@ class CanaryDetector:
     Latency: the canary interval (`--canary-every`, steps between canaries).
     """
 
-    kind: str = "sdc"
+    settings: CanarySettings = field(default_factory=CanarySettings)
+    suspects: Suspects = field(default_factory=Suspects)
+    kind: ClassVar[str] = "sdc"
     _named: set = field(default_factory=set, repr=False)
     _split: bool = False
 
@@ -81,21 +136,23 @@ class CanaryDetector:
         fp = r.canary_fingerprint
         n = int(np.isfinite(fp).sum())
         if n < 2:
-            return []
+            return []  # not a canary step: the last verdict stands
         wrong, split = outvoted(fp, np.zeros(len(fp)))
         if len(split):  # no strict majority: something is wrong, nobody named
+            self.suspects.set(CANARY, [])
             was, self._split = self._split, True
             _, votes = np.unique(fp[np.isfinite(fp)], return_counts=True)
             return [] if was else [self._alert(s, [], n - int(votes.max()), n)]
         self._split = False
         wrong_ranks = r.rank[wrong].tolist()
+        self.suspects.set(CANARY, wrong_ranks)
         self._named &= set(wrong_ranks)
         new = [x for x in wrong_ranks if x not in self._named]
         self._named.update(new)
         return [self._alert(s, new, len(wrong_ranks), n)] if new else []
 
     def _alert(self, s: StepView, ranks: list[int], n_wrong: int, n_ranks: int) -> Alert:
-        who = f"{name_ranks(ranks)}'s" if ranks else "the ranks'"
+        who = f"{name_ranks(s.run, ranks)}:" if ranks else "the ranks':"
         return Alert.at(
             s,
             kind=self.kind,
@@ -112,59 +169,207 @@ class CanaryDetector:
         )
 
 
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """Section `replica`: nothing to tune. Copies of one parameter agree bit for bit or
+    not at all; a strict majority of a replica group outvotes a member, and which member
+    is corrupt comes from the canary and the peer outliers (see ReplicaDetector)."""
+
+
 @dataclass
 class ReplicaDetector:
-    """Within each replica_group, the ranks whose replica fingerprint the majority outvotes.
+    """Replica groups whose members' parameter fingerprints disagree, and who is to blame.
 
-    Groups of two that disagree, or any group without a strict majority, are reported
-    without a culprit. Like the canary: a rank is named once per episode.
+    Which member is corrupt. Under FSDP x TP (trainer/parallel.py) a replica group is one
+    data-parallel index: its members, one per tp index, hold the same shard of the
+    tp-replicated weights (hooks/replica.py). A member's copy changes with the gradients
+    reduced over its data-parallel peers, the ranks with its tp index in every other
+    group. So a rank that computes wrong numbers corrupts its own copy *and*, through that
+    reduction, the copy of the member at its tp index in every other group: those
+    received the corruption, they are not its source. Hence:
+    - a disagreeing member that the canary or the peer outliers name (`Suspects`) is the
+      corrupt one; members of other groups at its tp index are named as receivers;
+    - otherwise, members that disagree at the same tp index in several groups could each
+      be the source: none is blamed, the alert says the fingerprints cannot tell;
+    - a disagreement in one group only is that group's own: a strict majority names the
+      outvoted members; a group without one (a pair) is reported without a culprit.
+    Like the canary, each culprit and each unexplained disagreement is reported once per
+    episode (until it agrees again); a culprit identified later gets an alert then.
     """
 
-    kind: str = "sdc_replica"
-    _named: set = field(default_factory=set, repr=False)
-    _split: set = field(default_factory=set, repr=False)
+    settings: ReplicaSettings = field(default_factory=ReplicaSettings)
+    suspects: Suspects = field(default_factory=Suspects)
+    kind: ClassVar[str] = "sdc_replica"
+    _named: set = field(default_factory=set, repr=False)  # culprits reported
+    _reported: set = field(default_factory=set, repr=False)  # unexplained disagreements
 
     def observe(self, s: StepView) -> list[Alert]:
         r = s.ranks
         if r is None or not np.isfinite(r.replica_fingerprint).any():
             return []
         wrong, split = outvoted(r.replica_fingerprint, r.replica_group)
-        wrong_ranks = r.rank[wrong].tolist()
-        self._named &= set(wrong_ranks)
-        new = [x for x in wrong_ranks if x not in self._named]
+        disputed = np.zeros(len(r), bool)
+        disputed[wrong] = True
+        disputed |= np.isin(r.replica_group, split) & np.isfinite(r.replica_fingerprint)
+        blame = _blame(
+            r.rank,
+            r.replica_group,
+            r.rank % r.tp,  # tp index: global rank = dp_index * tp + tp_index
+            disputed,
+            {int(g) for g in split},
+            self.suspects.named(),
+        )
+        self._named &= set(blame.culprits)
+        new = [x for x in blame.culprits if x not in self._named]
         self._named.update(new)
-        split_groups = {int(g) for g in split}
-        new_split = sorted(split_groups - self._split)
-        self._split = split_groups
-        if not new and not new_split:
+        keys = blame.unexplained_keys()
+        fresh = keys - self._reported
+        self._reported = keys
+        if not new and not fresh:
             return []
-        parts = []
-        if new:
-            groups = sorted({int(g) for g in r.replica_group[wrong]})
-            parts.append(
-                f"{name_ranks(new)} hold{'s' if len(new) == 1 else ''} parameters that differ "
-                f"from the majority of {'its' if len(new) == 1 else 'their'} replica group"
-                f"{'s' if len(groups) > 1 else ''} {', '.join(map(str, groups[:8]))} at step "
-                f"{s.step}: silent corruption in its arithmetic or memory (or a missed update)"
-                "; drain the node and restore the replica from a healthy peer"
-            )
-        if new_split:
-            parts.append(
-                f"replica group{'s' if len(new_split) > 1 else ''} "
-                f"{', '.join(map(str, new_split[:8]))} disagree without a strict majority: "
-                "some member is corrupt, which one the fingerprints cannot tell"
-            )
+        outvoted_ranks = set(r.rank[wrong].tolist())
+        parts = [blame.describe_culprits(s.run, new)] if new else []
+        parts += blame.describe_unexplained(s.run, fresh, outvoted_ranks)
+        local = [x for x in blame.local_ranks if x in outvoted_ranks]
         return [
             Alert.at(
                 s,
                 kind=self.kind,
                 severity="critical",
-                message="; ".join(parts)
+                message=f"replica fingerprints disagree at step {s.step}: "
+                + "; ".join(parts)
                 + ". Data: "
                 + data_query(s.run_id, "ranks", "replica_fingerprint", s.step, s.step),
-                rank=new[0] if new else None,
+                rank=new[0] if new else (local[0] if local else None),
             )
         ]
+
+
+@dataclass
+class _Blame:
+    """Who a step's replica disagreements point at (see ReplicaDetector)."""
+
+    culprits: list[int]  # disagreeing members the canary or peer outliers name
+    why: dict[int, str]  # culprit -> the signal naming it
+    receivers: dict[int, list[int]]  # culprit -> members that summed its gradients
+    local_ranks: list[int]  # disagreeing members of a group that alone disagrees at their tp index
+    local_groups: list[int]  # their groups
+    ambiguous: dict[int, list[int]]  # tp index -> disagreeing members there, in several groups
+    group_of: dict[int, int]  # rank -> replica group, for the ranks above
+    tp_of: dict[int, int]  # rank -> tp index, for the ranks above
+
+    def unexplained_keys(self) -> set:
+        return {("group", g) for g in self.local_groups} | {("tp", p) for p in self.ambiguous}
+
+    def describe_culprits(self, run: RunInfo, new: list[int]) -> str:
+        lines = []
+        for c in new:
+            line = (
+                f"{name_rank(run, c)} ({self.why[c]}) holds a corrupt copy of replica group "
+                f"{self.group_of[c]}'s parameters: the corruption is its own, drain its node"
+            )
+            if got := self.receivers.get(c):
+                groups = sorted({self.group_of[x] for x in got})
+                line += (
+                    f"; {name_ranks(run, got)} (tp index {self.tp_of[c]} of replica group"
+                    f"{'s' if len(groups) > 1 else ''} {_listed(groups)}) differ"
+                    f"{'s' if len(got) == 1 else ''} too because "
+                    f"{'it sums' if len(got) == 1 else 'they sum'} its gradients in the "
+                    "data-parallel reduction: received, not corrupt themselves; restore "
+                    "them from a healthy replica"
+                )
+            lines.append(line)
+        return "; ".join(lines)
+
+    def describe_unexplained(self, run: RunInfo, keys: set, outvoted: set) -> list[str]:
+        parts = []
+        positions = sorted(k[1] for k in keys if k[0] == "tp")
+        if positions:
+            members = sorted(x for p in positions for x in self.ambiguous[p])
+            groups = sorted({self.group_of[x] for x in members})
+            parts.append(
+                f"{name_ranks(run, members)} (tp index{'es' if len(positions) > 1 else ''} "
+                f"{_listed(positions)} of replica groups {_listed(groups)}) disagree with "
+                "their groups: one rank's corruption reaches the member at its tp index in "
+                "every group through the data-parallel gradient reduction, so the "
+                "fingerprints cannot tell which group holds the source and none is blamed; "
+                "the SDC canary or the peer outliers can tell (none names a rank yet)"
+            )
+        for g in sorted(k[1] for k in keys if k[0] == "group"):
+            members = [
+                x for x, gx in zip(self.local_ranks, self.local_groups, strict=True) if gx == g
+            ]
+            named = [x for x in members if x in outvoted]
+            if named:
+                parts.append(
+                    f"{name_ranks(run, named)} hold{'s' if len(named) == 1 else ''} a copy "
+                    f"that differs from the majority of replica group {g}, and no other group "
+                    "disagrees at its tp index: silent corruption in its arithmetic or memory "
+                    "(or a missed update); drain the node and restore the replica from a "
+                    "healthy peer"
+                )
+            else:
+                parts.append(
+                    f"replica group {g} ({name_ranks(run, members)}) disagrees without a "
+                    "strict majority: one of its members is corrupt, which one the "
+                    "fingerprints cannot tell"
+                )
+        return parts
+
+
+def _blame(
+    ranks: np.ndarray,
+    groups: np.ndarray,
+    tp_index: np.ndarray,
+    disputed: np.ndarray,
+    split: set[int],
+    named: dict[int, str],
+) -> _Blame:
+    """Sort the disagreeing members into culprits, receivers and unexplained ones.
+
+    Python work only over the disagreeing members (a handful): a step without any costs
+    nothing here.
+    """
+    members = [(int(ranks[i]), int(groups[i]), int(tp_index[i])) for i in np.flatnonzero(disputed)]
+    group_of = {x: g for x, g, _ in members}
+    tp_of = {x: p for x, _, p in members}
+    culprits = [x for x, _, _ in members if x in named]
+    receivers: dict[int, list[int]] = {c: [] for c in culprits}
+    for x, g, p in members:
+        source = next((c for c in culprits if tp_of[c] == p and group_of[c] != g), None)
+        if source is not None and x not in receivers:
+            receivers[source].append(x)
+    # A group without a majority has every member in dispute: one culprit or receiver
+    # among them explains the whole split.
+    explained = set(culprits).union(*receivers.values())
+    explained_splits = {group_of[x] for x in explained} & split
+    rest = [(x, g, p) for x, g, p in members if x not in explained and g not in explained_splits]
+    groups_at: dict[int, set] = {}
+    for _, g, p in rest:
+        groups_at.setdefault(p, set()).add(g)
+    ambiguous: dict[int, list[int]] = {}
+    local_ranks, local_groups = [], []
+    for x, g, p in rest:
+        if len(groups_at[p]) > 1:
+            ambiguous.setdefault(p, []).append(x)
+        else:
+            local_ranks.append(x)
+            local_groups.append(g)
+    return _Blame(
+        culprits=culprits,
+        why={c: named[c] for c in culprits},
+        receivers={c: got for c, got in receivers.items() if got},
+        local_ranks=local_ranks,
+        local_groups=local_groups,
+        ambiguous=ambiguous,
+        group_of=group_of,
+        tp_of=tp_of,
+    )
+
+
+def _listed(values: list[int], limit: int = 8) -> str:
+    more = f" and {len(values) - limit} more" if len(values) > limit else ""
+    return ", ".join(map(str, values[:limit])) + more
 
 
 @dataclass
@@ -191,40 +396,66 @@ class _Signal:
         self.pos = (self.pos + 1) % self.window
 
 
+@dataclass(frozen=True)
+class PeerOutlierSettings:
+    """Thresholds of the peer-outlier detector (section `peer_outlier`). Windows count
+    logged steps; deviations are log(value / peers' median), so ratios, not units."""
+
+    # A rank is named when it stood out in `min_hits` of its last `window` logged steps:
+    # peers see different data, so one-off outliers are common and harmless; 8 of 10 is
+    # persistence that a bad batch does not produce.
+    window: int = 10
+    min_hits: int = 8
+    # A step stands out when |d| exceeds `z_threshold` robust standard deviations of the
+    # step-to-step spread of d over ranks...
+    z_threshold: float = 6.0
+    # ... and the value is at least this factor away from its peers' median (either way):
+    # a fleet whose spread is tiny would otherwise name ranks for noise.
+    min_ratio: float = 1.3
+    # Data-parallel peers (same tp index) a rank needs, itself included: with two, either
+    # could be the odd one.
+    min_peers: int = 3
+    # Logged steps of the spread history; at least `min_history` of them before judging.
+    spread_window: int = 50
+    min_history: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("window", "spread_window", "min_history"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"peer_outlier.{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.min_hits <= self.window:
+            raise ValueError(
+                f"peer_outlier.min_hits must be in [1, window={self.window}], got {self.min_hits}"
+            )
+        if self.min_peers < 3:
+            raise ValueError(f"peer_outlier.min_peers must be >= 3, got {self.min_peers}")
+        if not self.z_threshold > 0:
+            raise ValueError(f"peer_outlier.z_threshold must be > 0, got {self.z_threshold}")
+        if not self.min_ratio > 1:
+            raise ValueError(f"peer_outlier.min_ratio must be > 1, got {self.min_ratio}")
+
+
 @dataclass
 class PeerOutlierDetector:
-    """A rank whose local gradient norm or local loss persistently stands apart from its
-    data-parallel peers (same tp index: same model shard, different data).
+    """A rank whose local gradient norm or local loss (SIGNALS) persistently stands apart
+    from its data-parallel peers (same tp index: same model shard, different data).
 
     Each step, for each signal: d = log(value / peers' median) (views.peer_deviation) and
     the step's spread, the median |d| over ranks. A rank hits when |d| exceeds
     `z_threshold` x 1.4826 x the median spread of the last `spread_window` steps *and* a
     factor `min_ratio`; it is named when it hit in at least `min_hits` of the last
-    `window` logged steps. Peers' data differ, so one-off outliers are common and harmless;
-    only persistence names a rank. Needs at least `min_peers` peers (with two, either
-    could be the odd one). Re-armed once the rank has a whole window without a hit.
+    `window` logged steps. Re-armed once the rank has a whole window without a hit.
     Per step: O(ranks), vectorised.
     """
 
-    signals: tuple[str, ...] = ("grad_norm_local", "loss")
-    window: int = 10
-    min_hits: int = 8
-    z_threshold: float = 6.0
-    min_ratio: float = 1.3
-    min_peers: int = 3
-    spread_window: int = 50
-    min_history: int = 10
-    kind: str = "sdc_outlier"
+    settings: PeerOutlierSettings = field(default_factory=PeerOutlierSettings)
+    suspects: Suspects = field(default_factory=Suspects)
+    kind: ClassVar[str] = "sdc_outlier"
     _state: dict = field(default_factory=dict, repr=False)
     _flagged: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), repr=False)
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_hits <= self.window or self.min_peers < 3:
-            raise ValueError("PeerOutlierDetector: need 1 <= min_hits <= window, min_peers >= 3")
-        if self.z_threshold <= 0 or self.min_ratio <= 1:
-            raise ValueError("PeerOutlierDetector: z_threshold must be > 0, min_ratio > 1")
-
     def observe(self, s: StepView) -> list[Alert]:
+        cfg = self.settings
         r = s.ranks
         if r is None or not len(r):
             return []
@@ -234,54 +465,56 @@ class PeerOutlierDetector:
         suspect = np.zeros(len(r), bool)
         active = np.zeros(len(r), bool)
         evidence = {}
-        for name in self.signals:
+        for name in SIGNALS:
             st = self._state.get(name)
             if st is None or not np.array_equal(st.ranks, r.rank):
-                st = self._state[name] = _Signal(r.rank.copy(), self.window, self.spread_window)
+                st = self._state[name] = _Signal(r.rank.copy(), cfg.window, cfg.spread_window)
             d, peers = r.peer_deviation(name)
-            eligible = (peers >= self.min_peers) & np.isfinite(d)
+            eligible = (peers >= cfg.min_peers) & np.isfinite(d)
             if eligible.any():  # else a step without this signal: the history stands
                 absd = np.abs(np.where(eligible, d, 0.0))
                 hit = np.zeros(len(r), bool)
-                if len(st.spread) >= self.min_history:
+                if len(st.spread) >= cfg.min_history:
                     bar = max(
-                        self.z_threshold * MAD_TO_SIGMA * st.spread.median(),
-                        math.log(self.min_ratio),
+                        cfg.z_threshold * MAD_TO_SIGMA * st.spread.median(),
+                        math.log(cfg.min_ratio),
                     )
                     hit = eligible & (absd > bar)
                 st.spread.push(fast_median(absd[eligible]))
                 st.push(hit)
-            suspect |= st.count >= self.min_hits
+            suspect |= st.count >= cfg.min_hits
             active |= st.count > 0
             if eligible.any():
                 evidence[name] = (d, st.count)
         new = suspect & ~self._flagged
         self._flagged = suspect | (self._flagged & active)
+        self.suspects.set(PEERS, r.rank[self._flagged].tolist())
         if not new.any():
             return []
         where = np.flatnonzero(new)
         first = int(where[0])
         lines = []
         for name, (d, count) in evidence.items():
-            if count[first] >= self.min_hits:
+            if count[first] >= cfg.min_hits:
                 lines.append(
                     f"{name} {math.exp(d[first]):.2f}x its peers' median at step {s.step}, "
-                    f"outlying in {count[first]} of the last {self.window} logged steps"
+                    f"outlying in {count[first]} of the last {cfg.window} logged steps"
                 )
         ids = r.rank[where].tolist()
         # A count reaches min_hits only on a step that carried its signal: one is here.
-        signal = next(n for n, (_, c) in evidence.items() if c[first] >= self.min_hits)
+        signal = next(n for n, (_, c) in evidence.items() if c[first] >= cfg.min_hits)
         return [
             Alert.at(
                 s,
                 kind=self.kind,
                 severity="warning",
                 message=(
-                    f"{name_ranks(ids)} persistently stand{'s' if len(ids) == 1 else ''} apart "
-                    f"from {'its' if len(ids) == 1 else 'their'} data-parallel peers: rank "
-                    f"{ids[0]}'s {'; '.join(lines)}. Peers hold the same model shard, so this "
+                    f"{name_ranks(s.run, ids)} persistently stand{'s' if len(ids) == 1 else ''} "
+                    f"apart from {'its' if len(ids) == 1 else 'their'} data-parallel peers: "
+                    f"{name_rank(s.run, ids[0])}'s {'; '.join(lines)}. Peers hold the same model "
+                    "shard, so this "
                     "points at the rank's device (SDC) or its data; check its canary. Data: "
-                    + data_query(s.run_id, "ranks", signal, s.step - self.window, s.step)
+                    + data_query(s.run_id, "ranks", signal, s.step - cfg.window, s.step)
                 ),
                 value=math.exp(evidence[signal][0][first]),
                 baseline=1.0,

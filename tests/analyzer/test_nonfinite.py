@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.detectors import NonFiniteDetector
+from trainvitals.analyzer.runinfo import RunInfo
 from trainvitals.schema import SCHEMA_VERSION, to_arrow
 
 from .synthetic import fleet, run
@@ -20,7 +23,7 @@ def test_first_layer_in_forward_order_with_nonfinite_activations() -> None:
 
     (alert,) = run(NonFiniteDetector(), fleet(40, layers=4, fault=fault))
     assert (alert.step, alert.layer, alert.severity) == (30, 2, "critical")
-    assert "layer in forward order: 2 (activations)" in alert.message
+    assert "layer in forward order: layer 2 (activations)" in alert.message  # no names known
 
 
 def test_the_rank_whose_local_loss_went_nonfinite_is_named() -> None:
@@ -115,3 +118,72 @@ def test_nonfinite_parameters_name_their_layer() -> None:
     nan_params = {"layers": {"param_norm": [10.0, math.inf, math.nan]}}
     (alert,) = _analyze([_hooks_batch(0), _hooks_batch(10, **nan_params)])
     assert (alert.step, alert.layer) == (10, 1) and "1 (parameters)" in alert.message
+
+
+def _runs(names: list[str], hosts: list[str]) -> dict:
+    """The runs table of a run with these layer names and rank hosts."""
+    row = {
+        "started_unix_s": 1000.0, "model": "m", "model_config_json": "{}", "n_params": 10,
+        "n_layers": len(names), "layer_names_json": json.dumps(names),
+        "world_size": len(hosts), "dp": len(hosts), "tp": 1, "device_type": "cpu",
+        "device_name": "cpu", "hosts_json": json.dumps(hosts), "flops_per_token": 60.0,
+        "peak_flops_per_s": 1e12, "peak_flops_source": "measured",
+    }  # fmt: skip
+    return {k: [v] for k, v in row.items()}
+
+
+NAMES = ["tok_embeddings", "layers.0", "layers.1"]
+
+
+def test_a_layer_is_named_by_its_name_and_keeps_its_index() -> None:
+    first = {**_hooks_batch(0), "runs": _runs(NAMES, ["host-a"])}
+    bad = _hooks_batch(10, layers={"act_nonfinite_count": [0, 0, 7], "nonfinite_count": [3] * 3})
+    (alert,) = _analyze([first, bad])
+    assert alert.layer == 2 and "forward order: layers.1 (activations)" in alert.message
+
+
+def test_a_nan_born_in_the_loss_names_the_loss_not_a_layers_gradients() -> None:
+    # The loss goes NaN after the forward: backward makes every gradient NaN in the same
+    # step, while every block output stayed finite.
+    nan_loss = {
+        "steps": {"loss": [math.nan], "grad_norm": [math.nan], "nonfinite_count": [3],
+                  "nonfinite_steps": [1]},
+        "layers": {"grad_norm": [math.nan] * 3, "nonfinite_count": [1] * 3},
+    }  # fmt: skip
+    first = {**_hooks_batch(0), "runs": _runs(NAMES, ["host-a"])}
+    (alert,) = _analyze([first, _hooks_batch(10, **nan_loss)])
+    assert alert.layer is None and "it started in the loss" in alert.message
+    assert not any(name in alert.message for name in NAMES)
+    assert "/steps?metric=loss" in alert.message
+
+
+def test_a_loss_nan_on_an_unlogged_step_is_named_before_the_outputs_it_poisoned() -> None:
+    # log_every=10: the loss went NaN at step 17, the NaN weights made every output NaN
+    # from step 18 on. At step 20: the loss on 4 steps, the outputs on 3.
+    poisoned = {
+        "steps": {"loss": [math.nan], "nonfinite_steps": [4]},
+        "layers": {"act_nonfinite_steps": [3, 3, 3], "act_rms": [math.nan] * 3},
+    }
+    (alert,) = _analyze([_hooks_batch(10), _hooks_batch(20, **poisoned)])
+    assert alert.layer is None and "it started in the loss" in alert.message
+    assert "on 4 step(s)" in alert.message and "at most 3" in alert.message
+
+
+def test_gradients_alone_name_the_last_layer_in_forward_order() -> None:
+    # A NaN born in layer 1's backward reaches layer 0's gradients, not layer 2's.
+    grads = {"steps": {"grad_norm": [math.nan]}, "layers": {"nonfinite_count": [2, 1, 0]}}
+    first = {**_hooks_batch(0), "runs": _runs(NAMES, ["host-a"])}
+    (alert,) = _analyze([first, _hooks_batch(10, **grads)])
+    assert alert.layer == 1 and "in backward order: layers.0" in alert.message
+
+
+def test_the_rank_is_named_with_its_host() -> None:
+    def fault(step: int, cols: dict) -> None:
+        if step == 30:
+            cols["ranks"]["loss"][3] = math.nan
+            cols["steps"]["loss"] = math.nan
+
+    hosts = RunInfo(hosts=("host-a", "host-a", "host-b", "host-b"))
+    views = (replace(v, run=hosts) for v in fleet(40, ranks=4, fault=fault))
+    (alert,) = run(NonFiniteDetector(), views)
+    assert alert.rank == 3 and "started on rank 3 on host-b" in alert.message
