@@ -1,137 +1,296 @@
-"""Straggler: a rank whose own compute is persistently slower than its cohort's.
+"""Straggler: a rank whose own work is persistently slower than its cohort's.
 
 In a synchronous job every rank's step takes as long as the slowest rank's, so wall time
-names nobody. Two per-rank signals do:
-- compute time (the hooks report the training thread's CPU time on CPU ranks and CUDA
-  event time on GPU ranks), scored as
-  the ratio to the cohort's median at the same step;
-- arrival order at the step's synchronisation point: the rank everyone waits for arrives
-  last, with the shortest wait.
-A rank is named when, over the last `window` logged steps, its median compute ratio is at
-least 1 + `min_slowdown` and it arrived last in at least `min_last_fraction` of them. The
-default 8% sits under the 10% slowdown that must always be caught and above the 2-6%
-rank-to-rank asymmetry measured on 4 CPU ranks sharing 2 cores. Where
-compute time is not reported (a producer without it), arrival order alone decides, with a
-stricter `gpu_last_fraction` and a wait that costs the others at least `min_slowdown` of
-the step. Requiring a whole window of evidence keeps one-off hiccups and the slow drift
-of a cluster from alarming; one alert per episode, re-armed once the rank is back to normal
-for a whole window.
+names nobody. Each rank's excess at a step does: the log of its compute time over the
+median rank's (the hooks report the training thread's CPU time on CPU ranks, CUDA event
+time on GPU ranks), or, from a producer without compute times, how much later than the
+median rank it arrived at the step's synchronisation point, as a fraction of the step.
+
+The bar is the run's own rank-to-rank spread, not a fixed percentage: a robust sigma of
+the excesses (1.4826 x the median over recent steps of the cohort's median absolute
+excess) times `spread_multiple`, never under `min_excess`. A busy machine widens the
+spread and raises the bar with it. A rank is slow when its excess cleared the bar in at
+least `persist_fraction` of the last `persist_steps` logged steps: one noisy step, or a
+few, never count. An episode raises one alert (ranks that turn slow at the same step
+share it) with its onset in `start_step` and its cost in seconds per step, and ends with
+one resolve row once its ranks stayed under half the bar as persistently.
+
+`rank_scores` is the judgement itself; the dashboard's "Slowest ranks" table calls it too.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .alerts import Alert
-from .detectors import data_query, name_ranks
+from .attribution import MAD_TO_SIGMA
+from .detectors import data_query
 from .rolling import median as fast_median
+from .runinfo import name_rank, name_ranks
 from .views import RankView, StepView
+
+SECTION = "straggler"
+
+
+@dataclass(frozen=True)
+class StragglerSettings:
+    """Thresholds of the straggler detector (section "straggler")."""
+
+    # Logged steps over which a slowdown must last to count. On clean 4-rank CPU runs with
+    # 8 busy processes on 2 cores, one rank ran 23% slower for about 18 steps (a busy
+    # neighbour): a straggler must outlast that. 25 still names one within 30 steps.
+    persist_steps: int = 25
+    # Share of those steps in which the rank's excess must clear the bar (0.8: 20 of 25).
+    # One noisy step, or five, in the window do not decide either way.
+    persist_fraction: float = 0.8
+    # The bar in robust sigmas of the run's rank-to-rank spread (per step). The clean
+    # loaded runs above came within 1.3 sigmas of it over 25 steps; a 15% straggler clears
+    # it (its excess, 0.14, is 7 sigmas of a quiet 4-rank CPU run, 5 of a loaded one).
+    spread_multiple: float = 4.0
+    # Floor of the bar, as an excess (log of the compute ratio; 0.06 ~ 6% slower). Keeps a
+    # very even cohort (a spread near 0) from flagging rank-to-rank differences of 1-2%,
+    # and sits under the 10% slowdown worth naming on a quiet machine.
+    min_excess: float = 0.06
+    # Logged steps over which the run's spread is measured. Long enough that a straggler
+    # or one busy stretch does not move it much; short enough to follow a machine whose
+    # load changes over the run.
+    spread_steps: int = 500
+    # An episode ends when its ranks stayed under this fraction of the bar (with the same
+    # persistence as the onset): hysteresis, so a straggler near the bar is one episode.
+    resolve_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check(self.persist_steps >= 3, "persist_steps", "must be >= 3", self.persist_steps)
+        _check(
+            0.5 < self.persist_fraction <= 1, "persist_fraction", "must be in (0.5, 1]",
+            self.persist_fraction,
+        )  # fmt: skip
+        _check(self.spread_multiple > 0, "spread_multiple", "must be > 0", self.spread_multiple)
+        _check(0 < self.min_excess < 10, "min_excess", "must be in (0, 10)", self.min_excess)
+        _check(
+            self.spread_steps >= self.persist_steps, "spread_steps",
+            f"must be >= persist_steps ({self.persist_steps})", self.spread_steps,
+        )  # fmt: skip
+        _check(
+            0 < self.resolve_fraction < 1, "resolve_fraction", "must be in (0, 1)",
+            self.resolve_fraction,
+        )  # fmt: skip
+
+    def bar(self, sigma: float) -> float:
+        """The excess a rank must clear, given the run's spread `sigma`."""
+        return max(self.min_excess, self.spread_multiple * sigma)
+
+    @property
+    def steps_needed(self) -> int:
+        """Steps of the window that must clear the bar (or stay under it, to resolve)."""
+        return math.ceil(self.persist_fraction * self.persist_steps - 1e-9)
+
+
+def _check(ok: bool, name: str, rule: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{SECTION}.{name} {rule}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------- scoring
+
+
+def excess(times_s: np.ndarray) -> np.ndarray:
+    """Log of each rank's time over the median rank's at the same step.
+
+    Rows are steps and columns ranks (a 1-D array is one step). NaN (not reported) and
+    non-positive times give NaN and stay out of the median. A log ratio is symmetric and
+    its spread does not depend on the step's length.
+    """
+    if times_s.ndim == 1 and np.all(times_s > 0):  # the detector's case: one whole step
+        logs = np.log(times_s)
+        return logs - fast_median(logs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(times_s > 0, np.log(times_s), np.nan)
+    if logs.ndim == 1:
+        return logs - np.nanmedian(logs) if np.isfinite(logs).any() else logs
+    ok = np.isfinite(logs).any(axis=1)
+    out = np.full_like(logs, np.nan)
+    out[ok] = logs[ok] - np.nanmedian(logs[ok], axis=1, keepdims=True)
+    return out
+
+
+def step_spread(excess_rows: np.ndarray) -> np.ndarray:
+    """Per step: the cohort's median absolute excess (its MAD: the median excess is 0)."""
+    rows = np.atleast_2d(excess_rows)
+    if rows.shape[0] == 1 and np.isfinite(rows).all():  # the detector's case
+        return np.array([fast_median(np.abs(rows[0]))])
+    ok = np.isfinite(rows).any(axis=1)
+    out = np.full(len(rows), np.nan)
+    out[ok] = np.nanmedian(np.abs(rows[ok]), axis=1)
+    return out
+
+
+def sigma_of(spreads: np.ndarray) -> float:
+    """The run's robust sigma from per-step spreads: 1.4826 x their median (0 when none)."""
+    spreads = spreads[np.isfinite(spreads)]
+    return MAD_TO_SIGMA * fast_median(spreads) if len(spreads) else 0.0
+
+
+@dataclass(frozen=True)
+class RankScores:
+    """Per rank (columns of the window): the judgement over a window of steps."""
+
+    window: np.ndarray  # the steps x ranks excesses judged
+    above: np.ndarray  # steps whose excess cleared the bar
+    below: np.ndarray  # steps whose excess stayed under resolve_fraction x the bar
+    slow: np.ndarray  # bool: cleared the bar in steps_needed of the window's steps
+    bar: float  # the excess a rank had to clear
+
+    def median(self, columns: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Median excess over the window of these ranks (a log ratio: exp(x) - 1 is how
+        much slower than the median rank). Asked for the ranks that matter only: on a
+        cohort of 16,384 ranks, every step, a median per rank would be most of the work."""
+        cols = self.window[:, columns]
+        if cols.size and np.isfinite(cols).all():
+            return fast_median(cols, axis=0)
+        with np.errstate(all="ignore"):
+            return np.nanmedian(cols, axis=0) if len(cols) else np.full(cols.shape[1], np.nan)
+
+    def order(self) -> np.ndarray:
+        """Column indices, slowest first: slow ranks, then by median excess."""
+        return np.lexsort((-np.nan_to_num(self.median(), nan=-np.inf), ~self.slow))
+
+
+def rank_scores(window: np.ndarray, sigma: float, s: StragglerSettings) -> RankScores:
+    """Judge each rank over `window` (steps x ranks of `excess`) against the run's spread.
+
+    The window's last `persist_steps` rows decide who is slow; the detector passes exactly
+    those, the dashboard a whole time window (where `persist_steps` bucket rows must do).
+    """
+    bar = s.bar(sigma)
+    recent = window[-s.persist_steps :]
+    above = (recent >= bar).sum(axis=0)
+    below = (recent < s.resolve_fraction * bar).sum(axis=0)
+    need = min(s.steps_needed, math.ceil(s.persist_fraction * len(recent) - 1e-9))
+    return RankScores(window, above, below, (above >= need) & (len(recent) > 0), bar)
+
+
+# ---------------------------------------------------------------------------- detector
+
+
+@dataclass
+class _Episode:
+    alert: Alert
+    members: np.ndarray  # column indices of the ranks it named
 
 
 @dataclass
 class StragglerDetector:
-    window: int = 10
-    min_slowdown: float = 0.08
-    min_last_fraction: float = 0.7
-    gpu_last_fraction: float = 0.8
+    settings: StragglerSettings = field(default_factory=StragglerSettings)
     kind: str = "straggler"
-    _ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     def __post_init__(self) -> None:
-        if self.window < 3 or self.min_slowdown <= 0:
-            raise ValueError("StragglerDetector: window must be >= 3 and min_slowdown > 0")
         self._reset(np.zeros(0, np.int64))
 
     def _reset(self, ranks: np.ndarray) -> None:
-        """History rings, one row per logged step: compute ratios (NaN rows where compute
-        time was not reported), the rank that arrived last, the time each rank cost."""
-        n, w = len(ranks), self.window
+        """Rings, one row per logged step: excesses, the seconds each rank cost, step
+        numbers; per-step spreads over `spread_steps`; open episodes."""
+        s, n = self.settings, len(ranks)
         self._ranks = ranks.copy()
-        self._ratios = np.full((w, n), np.nan)
-        self._has_ratios = np.zeros(w, bool)
-        self._last = np.zeros(w, np.int64)
-        self._lost = np.zeros((w, n))
-        self._step_s = np.zeros(w)
+        self._excess = np.full((s.persist_steps, n), np.nan)
+        self._cost_s = np.zeros((s.persist_steps, n))
+        self._steps = np.zeros(s.persist_steps, np.int64)
+        self._spreads = np.full(s.spread_steps, np.nan)
         self._pushed = 0
-        self._flagged = np.zeros(n, bool)
+        self._episodes: list[_Episode] = []
+        self._in_episode = np.zeros(n, bool)
 
     def observe(self, s: StepView) -> list[Alert]:
         r = s.ranks
         if r is None or len(r) < 3 or not np.isfinite(r.wait_time_s).all():
             return []  # a cohort needs at least three ranks
         if not np.array_equal(self._ranks, r.rank):
-            self._reset(r.rank)
-        self._push(r, s.step_time_s)
-        if self._pushed < self.window:
+            self._reset(r.rank)  # another cohort (a restart at another size): start over
+        if not self._push(r, s):
             return []
-        cand, slow, ratio, lost_s = self._judge()
-        was = self._flagged[cand]
-        self._flagged[cand] = slow | (was & (ratio >= 1 + self.min_slowdown / 2))
-        new = np.flatnonzero(slow & ~was)
-        if not len(new):
+        if self._pushed < self.settings.persist_steps:
             return []
-        new = new[np.argsort(-ratio[new], kind="stable")]
-        ranks = r.rank[cand[new]].tolist()
-        return [self._alert(s, ranks, float(ratio[new[0]]), float(lost_s[new[0]]))]
+        return self._judge(s)
 
-    def _push(self, r: RankView, step_time_s: float) -> None:
-        """This step's evidence into the rings."""
-        row = self._pushed % self.window
-        waits, compute = r.wait_time_s, r.compute_time_s
-        last = int(np.argmin(waits))
-        self._last[row] = last
-        self._step_s[row] = step_time_s
+    def _push(self, r: RankView, s: StepView) -> bool:
+        """This step's excesses and costs into the rings; False if it has none."""
+        compute = r.compute_time_s
         if np.all(compute > 0):  # NaN (not reported) fails too
-            median = fast_median(compute)
-            self._ratios[row] = compute / median
-            self._has_ratios[row] = True
-            # The job waits for a slow rank's extra compute.
-            self._lost[row] = np.maximum(0.0, compute - median)
+            x = excess(compute)
+            cost_s = np.maximum(0.0, compute - fast_median(compute))
+        elif s.step_time_s > 0:
+            # Without compute times: how much later than the median rank each arrived (the
+            # last to arrive waits least), which is what the job waited for it.
+            late_s = fast_median(r.wait_time_s) - r.wait_time_s
+            x = late_s / s.step_time_s  # a fraction of the step: close to a log ratio
+            cost_s = np.maximum(0.0, late_s)
         else:
-            self._has_ratios[row] = False
-            # Without compute times: the late rank costs what the median rank waited for it.
-            self._lost[row] = 0.0
-            self._lost[row, last] = fast_median(waits)
+            return False
+        row = self._pushed % self.settings.persist_steps
+        self._excess[row], self._cost_s[row], self._steps[row] = x, cost_s, s.step
+        self._spreads[self._pushed % self.settings.spread_steps] = step_spread(x)[0]
         self._pushed += 1
+        return True
 
-    def _judge(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(candidates, and for each: slow, slowdown ratio, seconds lost per step).
+    def _judge(self, s: StepView) -> list[Alert]:
+        """At most one row per step (the alerts table's key): a new episode first; an
+        episode that ended waits for a step without one."""
+        scores = rank_scores(self._excess, sigma_of(self._spreads), self.settings)
+        new = np.flatnonzero(scores.slow & ~self._in_episode)
+        if len(new):
+            return [self._open(s, new, scores)]
+        need = self.settings.steps_needed
+        for episode in self._episodes:
+            if (scores.below[episode.members] >= need).all():
+                return [self._close(s, episode, scores)]
+        return []
 
-        One rank arrives last per step, so at most one arrived last in more than half the
-        window: only it (and ranks already flagged, to re-arm them) need the medians over
-        the window. O(ranks) per step for the arrival counts, O(window) for the rest.
-        """
-        n = len(self._ranks)
-        last = np.bincount(self._last, minlength=n) / self.window
-        bar = min(self.min_last_fraction, self.gpu_last_fraction)
-        cand = np.flatnonzero((last >= bar) | self._flagged)
-        lost_s = fast_median(self._lost[:, cand], axis=0)
-        if self._has_ratios.all():  # compute time reported: both signals
-            ratio = fast_median(self._ratios[:, cand], axis=0)
-            slow = (ratio >= 1 + self.min_slowdown) & (last[cand] >= self.min_last_fraction)
-            return cand, slow, ratio, lost_s
-        step_s = fast_median(self._step_s)
-        ratio = 1 + lost_s / step_s if step_s > 0 else np.ones(len(cand))
-        slow = (last[cand] >= self.gpu_last_fraction) & (lost_s >= self.min_slowdown * step_s)
-        return cand, slow, ratio, lost_s
-
-    def _alert(self, s: StepView, ranks: list[int], ratio: float, lost_s: float) -> Alert:
-        rank = ranks[0]
-        others = f" (also {name_ranks(ranks[1:])})" if len(ranks) > 1 else ""
-        return Alert.at(
+    def _open(self, s: StepView, new: np.ndarray, scores: RankScores) -> Alert:
+        new = new[np.argsort(-scores.median(new), kind="stable")]
+        worst = new[0]
+        ratio = math.exp(scores.median(new[:1])[0])
+        cost_s = fast_median(self._cost_s[:, worst])
+        start = self._onset(worst, scores.bar)
+        ranks = self._ranks[new].tolist()
+        others = f" (also {name_ranks(s.run, ranks[1:])})" if len(ranks) > 1 else ""
+        alert = Alert.at(
             s,
             kind=self.kind,
             severity="warning",
             message=(
-                f"rank {rank} is a straggler{others}: {100 * (ratio - 1):.0f}% slower than the "
-                f"median rank over the last {self.window} logged steps, and the last to "
-                f"arrive; the job loses about {lost_s * 1e3:.0f} ms per step waiting for it. "
-                "Data: "
-                + data_query(s.run_id, "ranks", "compute_time_s", s.step - self.window, s.step)
+                f"{name_rank(s.run, ranks[0])} is a straggler{others} since step {start}: "
+                f"{100 * (ratio - 1):.0f}% slower than the median rank (this run's bar: "
+                f"{100 * math.expm1(scores.bar):.0f}%, from its rank-to-rank spread) in "
+                f"{scores.above[worst]} of the last {self.settings.persist_steps} logged "
+                f"steps; the job loses about {cost_s * 1e3:.0f} ms per step waiting for it. "
+                "Data: " + data_query(s.run_id, "ranks", "compute_time_s", start, s.step)
             ),
             value=ratio,
-            baseline=1.0,
-            rank=rank,
+            baseline=math.exp(scores.bar),
+            rank=ranks[0],
+            start_step=start,
+        )
+        self._episodes.append(_Episode(alert, new))
+        self._in_episode[new] = True
+        return alert
+
+    def _onset(self, column: int, bar: float) -> int:
+        """First step in the window whose excess cleared the bar: the episode's start."""
+        order = np.argsort(self._steps)
+        hits = order[self._excess[order, column] >= bar]
+        return int(self._steps[hits[0]])
+
+    def _close(self, s: StepView, episode: _Episode, scores: RankScores) -> Alert:
+        self._episodes.remove(episode)
+        self._in_episode[episode.members] = False
+        rank = name_rank(s.run, episode.alert.rank)
+        now = math.expm1(scores.median(episode.members[:1])[0])
+        return episode.alert.resolved_at(
+            s.step,
+            s.time_unix_s,
+            f"{rank} is no longer a straggler: {100 * now:+.0f}% from the median rank "
+            f"over the last {self.settings.persist_steps} logged steps.",
         )
