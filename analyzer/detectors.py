@@ -286,9 +286,11 @@ class LossSpikeSettings:
     # deviations above it, a loss rise of `joint_min_rise_ratio` and `joint_z_threshold`
     # standard deviations suffices. Small spikes (+12-30% for a step or two) come with a
     # 2-5x gradient-norm jump; a hard batch moves the loss as much but not the gradients.
+    # (Adding the two deviations instead let a quiet loss's hard batch with a 1.5x
+    # gradient norm pass as a spike: more false alerts, no more spikes found.)
     grad_jump_ratio: float = 2.0
-    grad_z_threshold: float = 6.0
-    joint_min_rise_ratio: float = 0.1
+    grad_z_threshold: float = 4.0
+    joint_min_rise_ratio: float = 0.05
     joint_z_threshold: float = 2.0
     # Logged steps of quiet after an alert: one alert per episode.
     cooldown_steps: int = 50

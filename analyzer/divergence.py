@@ -10,6 +10,7 @@ growth and the last checkpoint saved before the onset, to roll back to.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ class DivergenceSettings:
 
     # Logged steps in the median that gives the loss's current level: long enough that
     # one-step bumps and spikes do not move it, short enough to lag a climb by ~10 steps.
-    level_window: int = 20
+    level_window: int = 10
     # Logged steps in the slower median whose lowest value over `baseline_window` is the
     # baseline: a longer median has less noise, so its minimum is biased low less.
     baseline_level_window: int = 50
@@ -150,8 +151,10 @@ class DivergenceDetector:
     Per logged step, in log space: the level `m` (median of the last `level_window`
     losses) against the baseline `B`, the lowest slower median (`baseline_level_window`)
     of the last `baseline_window` steps. While `m` stays within `healthy_z` standard
-    errors of `B` the step is healthy; after the last healthy step (the onset) `B` is
-    frozen, so a slow climb cannot drag it along. The alert needs, for `confirm_steps`
+    errors of `B` the step is healthy; once it leaves, `B` is frozen, so a slow climb
+    cannot drag it along. The onset (`start_step`) is the logged step before the climb's
+    first loss: the first of the level's window more than 3 noise standard deviations
+    above `B` (the level lags a jump by half its window). The alert needs, for `confirm_steps`
     steps in a row: a rise m - B of at least `min_rise` (or `min_rise_with_grad` when the
     gradient norm's level grew by `min_grad_growth` since the onset) and `noise_z`
     standard errors; and a loss that is not recovering (its level not down from the
@@ -173,6 +176,8 @@ class DivergenceDetector:
     _seen: int = 0  # finite losses
     _grace_left: int = 0  # logged steps still paused after a warm restart
     _onset: _Onset | None = None  # last healthy step
+    _start: int | None = None  # onset of the climb, once the level left the healthy band
+    _recent: deque[tuple[int, float]] = field(init=False, repr=False)  # (step, log-loss)
     _peak: float = -math.inf  # highest level since the onset
     _streak: int = 0  # consecutive steps meeting the rule
     _alert: Alert | None = None  # the open episode
@@ -186,6 +191,7 @@ class DivergenceDetector:
         self._diffs = RollingWindow(cfg.noise_window)
         self._lows = _LowestOf(cfg.baseline_window)
         self._restarts = WarmRestarts(cfg.restart_lr_ratio)
+        self._recent = deque(maxlen=cfg.level_window + 1)
 
     def observe_events(self, events: list[RunEvent]) -> None:
         """Checkpoints saved by the run: rollback advice names the last before an onset."""
@@ -201,8 +207,10 @@ class DivergenceDetector:
         if s.loss is None or not (math.isfinite(s.loss) and s.loss > 0):
             return []  # non-finite losses are the NonFiniteDetector's
         self._push(s)
-        if self._seen < self.settings.min_history or self._grace_left > 0:
-            self._grace_left = max(0, self._grace_left - 1)
+        if self._grace_left > 0:  # the baseline is built afresh after it
+            self._grace_left -= 1
+            return []
+        if self._onset is None or self._seen < self.settings.min_history:
             self._lows.push(self._slow_level.median())
             self._healthy(s.step, self._lows.lowest())
             return []
@@ -215,6 +223,7 @@ class DivergenceDetector:
         if math.isfinite(self._last_x):
             self._diffs.push(x - self._last_x)
         self._last_x = x
+        self._recent.append((s.step, x))
         g = s.grad_norm
         if g is not None and math.isfinite(g) and g > 0:
             self._grad_level.push(math.log(g))
@@ -230,23 +239,32 @@ class DivergenceDetector:
     def _healthy(self, step: int, baseline: float) -> None:
         grad = self._grad_level.median() if len(self._grad_level) else math.nan
         self._onset = _Onset(step, baseline, grad)
+        self._start = None
         self._peak = -math.inf
         self._streak = 0
 
-    def _level_se(self) -> float:
-        """Standard error of the level, from the noise of step-to-step differences."""
+    def _noise(self) -> float:
+        """Standard deviation of one log-loss's noise, from step-to-step differences."""
         if len(self._diffs) < 3:
             return 0.0
         diffs = self._diffs.values()
         typical = median_of_sorted(diffs)
         mad = median_of_sorted(sorted(abs(d - typical) for d in diffs))
-        sigma = MAD_TO_SIGMA * mad / math.sqrt(2)  # a difference holds two values' noise
-        return _MEDIAN_SE * sigma / math.sqrt(len(self._level))
+        return MAD_TO_SIGMA * mad / math.sqrt(2)  # a difference holds two values' noise
+
+    def _climb_start(self, baseline: float, sigma: float) -> int:
+        """The logged step before the first loss of the level's window that stands more
+        than 3 noise deviations above the baseline; the last healthy step if none does."""
+        for (before, _), (_, x) in itertools.pairwise(self._recent):
+            if x > baseline + 3 * sigma:
+                return min(before, self._onset.step)
+        return self._onset.step
 
     def _judge(self, s: StepView) -> list[Alert]:
         cfg = self.settings
         level = self._level.median()
-        se = self._level_se()
+        sigma = self._noise()
+        se = _MEDIAN_SE * sigma / math.sqrt(len(self._level))
         frozen = self._onset is not None and level - self._onset.baseline > cfg.healthy_z * se
         if not frozen:
             self._lows.push(self._slow_level.median())
@@ -262,6 +280,8 @@ class DivergenceDetector:
             self._healthy(s.step, baseline)
             return alerts
         self._peak = max(self._peak, level)
+        if self._start is None:
+            self._start = self._climb_start(baseline, sigma)
         if self._alert is not None:
             return alerts
         onset = self._onset
@@ -290,13 +310,14 @@ class DivergenceDetector:
             if growth is None
             else f"gradient norm {math.exp(growth):.2g}x its level at the onset"
         )
+        start = self._start
         message = (
-            f"loss diverging: its level (median of the last {len(self._level)} logged losses) "
-            f"rose to {math.exp(level):.4g} at step {s.step}, "
-            f"{math.exp(level - onset.baseline):.2f}x its baseline {base:.4g} frozen at step "
-            f"{onset.step} (the last healthy step), "
-            f"and is not coming back down; {grad}. {self._rollback(onset.step)} Data: "
-            + data_query(s.run_id, "steps", None, onset.step - self.settings.level_window, s.step)
+            f"loss diverging since step {start}: its level (median of the last "
+            f"{len(self._level)} logged losses) rose to {math.exp(level):.4g} at step {s.step}, "
+            f"{math.exp(level - onset.baseline):.2f}x its baseline {base:.4g} (frozen at the "
+            f"last healthy level, step {onset.step}), and is not coming back down; {grad}. "
+            f"{self._rollback(start)} Data: "
+            + data_query(s.run_id, "steps", None, start - self.settings.level_window, s.step)
         )
         return Alert.at(
             s,
@@ -305,15 +326,18 @@ class DivergenceDetector:
             message=message,
             value=math.exp(level),
             baseline=base,
-            start_step=onset.step,
+            start_step=start,
         )
 
     def _rollback(self, onset_step: int) -> str:
-        i = bisect.bisect_right(self._checkpoints, onset_step)
+        """Advice: the last checkpoint saved before the onset. A checkpoint at step k holds
+        the update made at step k, which the loss of the next step shows: the one saved at
+        the onset (the last healthy loss) may hold the first bad update already."""
+        i = bisect.bisect_left(self._checkpoints, onset_step)
         if i == 0:
             return (
-                f"No checkpoint event at or before step {onset_step} was reported: roll back "
-                f"to a checkpoint saved at or before step {onset_step}."
+                f"No checkpoint event before step {onset_step} was reported: roll back to a "
+                f"checkpoint saved before step {onset_step}."
             )
         return (
             f"Roll back to the checkpoint saved at step {self._checkpoints[i - 1]}, the last "

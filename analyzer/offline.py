@@ -3,7 +3,9 @@
 For runs that never used trainvitals: a scalar export of W&B (`_step`, `train/loss`, ...)
 or TensorBoard (`Step`, `Value`, one metric per file) is mapped by column name onto the
 schema's step fields, and the detectors that need only those fields run over it:
-non-finite values, loss spikes and divergence, throughput drops. Alerts print as JSON lines.
+non-finite values, loss spikes and divergence, throughput drops. A gradient-norm column,
+when the file has one, is the loss detectors' second signal; a learning-rate column lets
+them tell a warm restart of the schedule from a fault. Alerts print as JSON lines.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow.compute as pc
 from trainvitals.schema import STEP_BOUNDS
 
 from .detectors import LossSpikeDetector, NonFiniteDetector
+from .divergence import DivergenceDetector
 from .engine import Analyzer
 from .throughput import ThroughputDropDetector
 
@@ -25,7 +28,8 @@ from .throughput import ThroughputDropDetector
 ALIASES = {
     "step": ["step", "_step", "global_step", "trainer/global_step", "iteration"],
     "loss": ["loss", "train/loss", "train_loss", "loss/train", "lm_loss", "value"],
-    "grad_norm": ["grad_norm", "train/grad_norm", "gradient_norm", "grad-norm"],
+    "grad_norm": ["grad_norm", "train/grad_norm", "gradient_norm", "grad-norm", "train/grad-norm"],
+    "lr": ["lr", "learning_rate", "train/lr", "train/learning_rate", "lr-adam", "lr-adamw"],
     "tokens_per_s": ["tokens_per_s", "throughput", "train/tokens_per_second", "tokens_per_sec"],
     "time_unix_s": ["time_unix_s", "_timestamp", "wall time", "timestamp"],
 }
@@ -52,7 +56,7 @@ def read_table(path: Path) -> pa.Table:
 
 
 def map_columns(table: pa.Table, overrides: dict[str, str]) -> pa.Table:
-    """A steps table (step, time_unix_s, loss, grad_norm, tokens_per_s) from export columns,
+    """A steps table (step, time_unix_s, loss, grad_norm, lr, tokens_per_s) from export columns,
     in step order. ValueError names the column if one is missing, holds values of a type
     its field cannot take, or if steps are negative or repeated."""
     picked = _pick_columns(table, overrides)
@@ -153,7 +157,12 @@ def _check_steps(steps: np.ndarray, name: str) -> None:
 
 
 def step_detectors() -> list:
-    return [NonFiniteDetector(), LossSpikeDetector(), ThroughputDropDetector()]
+    return [
+        NonFiniteDetector(),
+        LossSpikeDetector(),
+        DivergenceDetector(),
+        ThroughputDropDetector(),
+    ]
 
 
 def analyze_file(path: Path, overrides: dict[str, str] | None = None) -> list:
