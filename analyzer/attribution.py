@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from .rolling import RollingWindow
 from .rolling import median as fast_median
+from .runinfo import UNKNOWN, RunInfo, name_layer
 from .views import LayerView, RankView
 
 # Per-layer statistics watched, in the order of the evidence: the gradient, the change the
@@ -24,17 +26,17 @@ MAD_TO_SIGMA = 1.4826  # MAD x this estimates a standard deviation for Gaussian 
 
 @dataclass(frozen=True)
 class LayerDeviation:
-    layer: int
+    layer: int  # index into the run's layer names
     stat: str
     step: int  # first logged step of the lookback at which it deviated
     value: float
     baseline: float
     z: float  # robust standard deviations from its baseline
 
-    def describe(self) -> str:
+    def describe(self, run: RunInfo = UNKNOWN) -> str:
         return (
-            f"layer {self.layer} {self.stat} {self.value:.3g} vs baseline {self.baseline:.3g} "
-            f"({self.value / self.baseline:.2g}x) at step {self.step}"
+            f"{name_layer(run, self.layer)} {self.stat} {self.value:.3g} vs baseline "
+            f"{self.baseline:.3g} ({self.value / self.baseline:.2g}x) at step {self.step}"
         )
 
 
@@ -44,11 +46,20 @@ class LayerVerdict:
     n_deviated: int  # (layer, statistic) pairs that deviated anywhere in the lookback
     n_layers: int
     lead_factor: float = 1.5
+    together_fraction: float = 0.5
+    lookback: int = 5
 
     @property
     def leader(self) -> LayerDeviation | None:
-        """The layer that led the spike, if one did."""
-        if not self.first:
+        """The layer that led the spike, if one did.
+
+        None when no layer deviated, or when at least `together_fraction` of the layers
+        (two or more) moved at the earliest step: a bad batch or a learning-rate jump moves
+        every layer at once, and so does an instability in one layer within a step, which
+        one logged step cannot tell apart. Else the strongest, if its change (in log space)
+        is at least `lead_factor` times that of every other layer deviating then.
+        """
+        if not self.first or self.moved_together:
             return None
         top = self.first[0]
         others = [abs(math.log(d.value / d.baseline)) for d in self.first if d.layer != top.layer]
@@ -58,30 +69,80 @@ class LayerVerdict:
 
     @property
     def layers_together(self) -> int:
+        """Layers that deviated at the earliest step."""
         return len({d.layer for d in self.first})
+
+    @property
+    def moved_together(self) -> bool:
+        together = self.layers_together
+        return together >= 2 and together >= self.together_fraction * self.n_layers
+
+    def explain(self, run: RunInfo = UNKNOWN) -> tuple[int | None, str | None, str]:
+        """(index of the layer that led or None, the statistic to look at or None, a
+        sentence of evidence naming layers as the run names them)."""
+        lead = self.leader
+        if lead is not None:
+            others = [d.describe(run) for d in self.first[1:3]]
+            return (
+                lead.layer,
+                lead.stat,
+                f"first to move: {lead.describe(run)}"
+                + (f"; with it {'; '.join(others)}" if others else "")
+                + f" ({self.n_deviated} layer statistics deviated in the last {self.lookback} "
+                "logged steps)",
+            )
+        if self.first:
+            top = self.first[0]
+            together = self.layers_together
+            who = (
+                "every layer"
+                if together == self.n_layers
+                else f"{together} of {self.n_layers} layers"
+            )
+            # The largest change is quoted without its layer: naming one would blame it.
+            return (
+                None,
+                top.stat,
+                f"{who} moved in the same step ({top.step}; largest change: {top.stat} "
+                f"{top.value / top.baseline:.2g}x its baseline): no single layer led, as "
+                "with a bad batch or a learning-rate jump",
+            )
+        if not self.n_layers:
+            return None, None, ""
+        return (
+            None,
+            None,
+            f"no layer statistic deviated from its baseline in the last {self.lookback} "
+            "logged steps",
+        )
 
 
 @dataclass
 class LayerHistory:
     """The last `window + lookback` logged steps of every layer's log statistics.
 
-    At a spike, each (layer, statistic) gets a robust baseline from the `window` steps
-    before the last `lookback` logged steps (median of log values; spread: MAD x 1.4826).
-    It deviated at a step of the lookback if it is more than `z_threshold` spreads and a
-    factor `min_ratio` away from that baseline (either way). The culprits are those that
-    deviated earliest; among them, the largest relative change comes first. A layer *led*
-    if it deviated before any other, or its change (in log space) is at least
-    `lead_factor` times that of every other layer deviating at the same step; when all
-    layers move together (a bad batch, a learning-rate jump) no layer is named.
+    At a spike, each (layer, statistic) series is judged over the last `lookback` logged
+    steps, with the `window` steps before them as its history. Level at a lookback step:
+    the median of the `level_window` steps just before it, moved on by the history's
+    median step-to-step change over the half window that median lags by (a median over
+    the whole window lags a series that trends, as gradient norms do early in training).
+    Noise: the MAD of the history's step-to-step differences x 1.4826 / sqrt(2), which a
+    trend does not inflate (the MAD of the values did: on a real 4-rank run a bad batch
+    moved every layer's gradient norm 3-80x and only one of five layers cleared the bar).
+    A statistic deviated at a lookback step if it is more than `z_threshold` noise
+    deviations and a factor `min_ratio` away from its level (either way). The culprits
+    are those that deviated earliest; LayerVerdict says whether one layer led (`leader`).
     Per step: one (stats x layers) row written, O(layers).
     """
 
     window: int = 50
     lookback: int = 5
+    level_window: int = 5
     min_history: int = 10
     z_threshold: float = 6.0
     min_ratio: float = 1.5
     lead_factor: float = 1.5
+    together_fraction: float = 0.5
     _buf: np.ndarray | None = field(default=None, repr=False)  # (capacity, stats, layers)
     _steps: np.ndarray | None = field(default=None, repr=False)
     _layers: np.ndarray | None = field(default=None, repr=False)
@@ -106,25 +167,43 @@ class LayerHistory:
 
     def deviations(self) -> LayerVerdict:
         """Which layers deviated first in the lookback, and whether one of them led."""
+        verdict = partial(
+            LayerVerdict,
+            lead_factor=self.lead_factor,
+            together_fraction=self.together_fraction,
+            lookback=self.lookback,
+        )
         if self._buf is None:
-            return LayerVerdict([], 0, 0)
+            return verdict([], 0, 0)
         cap = len(self._steps)
         k = min(self.lookback, self._n)
         n_base = min(self._n - k, self.window)
         if n_base < self.min_history:
-            return LayerVerdict([], 0, 0)
+            return verdict([], 0, 0)
         order = [(self._n - n_base - k + i) % cap for i in range(n_base + k)]
         base, recent = self._buf[order[:n_base]], self._buf[order[n_base:]]
+        series = self._buf[order]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: a stat not reported
-            med = np.nanmedian(base, axis=0)
-            spread = MAD_TO_SIGMA * np.nanmedian(np.abs(base - med), axis=0) + 1e-9
-        dev = recent - med
+            diffs = np.diff(base, axis=0)
+            typical = np.nanmedian(diffs, axis=0)  # the trend, per logged step
+            mad = np.nanmedian(np.abs(diffs - typical), axis=0)
+            # Each lookback step against the median of the `level_window` steps just before
+            # it, moved on by the trend over the half window that median lags by.
+            lag = (self.level_window + 1) / 2
+            level = np.stack(
+                [
+                    np.nanmedian(series[i - self.level_window : i], axis=0) + lag * typical
+                    for i in range(n_base, n_base + k)
+                ]
+            )
+        spread = MAD_TO_SIGMA * mad / math.sqrt(2) + 1e-9
+        dev = recent - level
         z = dev / spread
         with np.errstate(invalid="ignore"):
             hit = (np.abs(z) > self.z_threshold) & (np.abs(dev) > math.log(self.min_ratio))
         if not hit.any():
-            return LayerVerdict([], 0, len(self._layers))
+            return verdict([], 0, len(self._layers))
         any_hit = hit.any(axis=0)
         first = np.where(any_hit, hit.argmax(axis=0), k)
         earliest = int(first.min())
@@ -137,12 +216,12 @@ class LayerHistory:
                 stat=LAYER_STATS[stats[i]],
                 step=int(steps[earliest]),
                 value=math.exp(recent[earliest, stats[i], layers[i]]),
-                baseline=math.exp(med[stats[i], layers[i]]),
+                baseline=math.exp(level[earliest, stats[i], layers[i]]),
                 z=float(z[earliest, stats[i], layers[i]]),
             )
             for i in np.argsort(-strength, kind="stable")
         ]
-        return LayerVerdict(found, int(any_hit.sum()), len(self._layers), self.lead_factor)
+        return verdict(found, int(any_hit.sum()), len(self._layers))
 
 
 @dataclass

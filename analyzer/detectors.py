@@ -99,7 +99,7 @@ class NonFiniteDetector:
         if s.nonfinite_steps > 0:  # unlogged steps too: a NaN the loop skipped over
             bad.append(
                 f"{s.nonfinite_steps:.0f} step(s) since the previous logged one held a NaN/inf "
-                "loss or output"
+                "loss or block output"
             )
         rank_bad, rank_loss_bad = np.empty(0, dtype=np.int64), False
         if s.ranks is not None and len(s.ranks):
@@ -461,39 +461,7 @@ class LossSpikeDetector:
 
     def _layer_evidence(self, s: StepView) -> tuple[int | None, str | None, str]:
         """(layer that led the spike or None, its statistic, a sentence of evidence)."""
-        verdict = self.layers.deviations()
-        look = self.layers.lookback
-        lead = verdict.leader
-        if lead is not None:
-            others = [d.describe() for d in verdict.first[1:3]]
-            return (
-                lead.layer,
-                lead.stat,
-                (
-                    f"first to move: {lead.describe()}"
-                    + (f"; with it {'; '.join(others)}" if others else "")
-                    + f" ({verdict.n_deviated} layer statistics deviated in the last {look} "
-                    "logged steps)"
-                ),
-            )
-        if verdict.first:
-            top = verdict.first[0]
-            return (
-                None,
-                top.stat,
-                (
-                    f"{verdict.layers_together} of {verdict.n_layers} layers moved together at "
-                    f"step {top.step} (largest: {top.describe()}): no single layer led, as with a "
-                    "bad batch or a learning-rate jump"
-                ),
-            )
-        if s.layers is None:
-            return None, None, ""
-        return (
-            None,
-            None,
-            (f"no layer statistic deviated from its baseline in the last {look} logged steps"),
-        )
+        return self.layers.deviations().explain(s.run)
 
     def _rank_evidence(self, s: StepView) -> tuple[int | None, str]:
         """(rank whose local loss made the spike or None, a sentence of evidence)."""

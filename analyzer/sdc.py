@@ -270,13 +270,15 @@ class _Blame:
             )
             if got := self.receivers.get(c):
                 groups = sorted({self.group_of[x] for x in got})
+                one = len(got) == 1
                 line += (
                     f"; {name_ranks(run, got)} (tp index {self.tp_of[c]} of replica group"
-                    f"{'s' if len(groups) > 1 else ''} {_listed(groups)}) differ"
-                    f"{'s' if len(got) == 1 else ''} too because "
-                    f"{'it sums' if len(got) == 1 else 'they sum'} its gradients in the "
-                    "data-parallel reduction: received, not corrupt themselves; restore "
-                    "them from a healthy replica"
+                    f"{'' if len(groups) == 1 else 's'} {_listed(groups)}) "
+                    f"{'differs' if one else 'differ'} too only because "
+                    f"{'it sums' if one else 'they sum'} rank {c}'s gradients in "
+                    f"the data-parallel reduction: {'it' if one else 'they'} received the "
+                    f"corruption, {'its' if one else 'their'} own device is not at fault; "
+                    f"restore {'its copy' if one else 'their copies'} from a healthy replica"
                 )
             lines.append(line)
         return "; ".join(lines)

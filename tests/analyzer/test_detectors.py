@@ -80,11 +80,13 @@ def test_no_alert_where_a_fast_fall_flattens_out() -> None:
         assert _run_logged(LossSpikeDetector(), points) == []
 
 
-def test_nonfinite_names_first_bad_layer() -> None:
-    layers = LayerView.of(grad_norm=[1.0, 2.0, math.inf, math.nan], act_rms=[1.0] * 4)
-    view = StepView("r", 7, 0.0, math.nan, math.inf, layers=layers)
+def test_nonfinite_names_the_layer_where_backward_went_bad() -> None:
+    # Finite loss and outputs: backward runs in reverse, so the last layer in forward
+    # order with non-finite gradients is where they were born.
+    layers = LayerView.of(grad_norm=[math.nan, math.inf, 2.0, 1.0], act_rms=[1.0] * 4)
+    view = StepView("r", 7, 0.0, 2.0, math.inf, layers=layers)
     (alert,) = NonFiniteDetector().observe(view)
-    assert alert.step == 7 and alert.layer == 2 and alert.severity == "critical"
+    assert alert.step == 7 and alert.layer == 1 and alert.severity == "critical"
     assert NonFiniteDetector().observe(StepView("r", 8, 0.0, 2.0, 1.0)) == []
 
 
