@@ -85,7 +85,8 @@ class StragglerSettings:
 
     @property
     def steps_needed(self) -> int:
-        """Steps of the window that must clear the bar (or stay under it, to resolve)."""
+        """Steps of the detector's window that must clear the bar (or stay under half of
+        it, to resolve)."""
         return math.ceil(self.persist_fraction * self.persist_steps - 1e-9)
 
 
@@ -141,7 +142,7 @@ class RankScores:
     window: np.ndarray  # the steps x ranks excesses judged
     above: np.ndarray  # steps whose excess cleared the bar
     below: np.ndarray  # steps whose excess stayed under resolve_fraction x the bar
-    slow: np.ndarray  # bool: cleared the bar in steps_needed of the window's steps
+    slow: np.ndarray  # bool: cleared the bar in persist_fraction of the window's steps
     bar: float  # the excess a rank had to clear
 
     def median(self, columns: np.ndarray | slice = slice(None)) -> np.ndarray:
@@ -162,15 +163,16 @@ class RankScores:
 def rank_scores(window: np.ndarray, sigma: float, s: StragglerSettings) -> RankScores:
     """Judge each rank over `window` (steps x ranks of `excess`) against the run's spread.
 
-    The window's last `persist_steps` rows decide who is slow; the detector passes exactly
-    those, the dashboard a whole time window (where `persist_steps` bucket rows must do).
+    A rank is slow when its excess cleared the bar in `persist_fraction` of the window's
+    steps. The detector passes its last `persist_steps` steps; the dashboard a time window
+    of bucket means. NaN (not reported) counts as neither above nor below.
     """
     bar = s.bar(sigma)
-    recent = window[-s.persist_steps :]
-    above = (recent >= bar).sum(axis=0)
-    below = (recent < s.resolve_fraction * bar).sum(axis=0)
-    need = min(s.steps_needed, math.ceil(s.persist_fraction * len(recent) - 1e-9))
-    return RankScores(window, above, below, (above >= need) & (len(recent) > 0), bar)
+    with np.errstate(invalid="ignore"):
+        above = (window >= bar).sum(axis=0)
+        below = (window < s.resolve_fraction * bar).sum(axis=0)
+    need = math.ceil(s.persist_fraction * len(window) - 1e-9)
+    return RankScores(window, above, below, (above >= need) & (need > 0), bar)
 
 
 # ---------------------------------------------------------------------------- detector

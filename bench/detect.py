@@ -11,9 +11,15 @@ Two sources of labeled runs, both fed through the Analyzer the collector runs:
   output: a spike led by one layer (its gradient norm and activations blow up two steps
   before the loss jumps) and a spike made by one rank (its local loss jumps, as when a
   rank's data or arithmetic goes wrong; large enough to move the job's mean loss);
-- real 4-rank trainer runs (torchrun, dp=2 x tp=2 on CPU, 60 steps, canary every 10
-  steps) with faults injected by trainer/faults.py, and clean runs. Their telemetry files
-  are kept in --real-dir and reused.
+- real trainer runs (torchrun on CPU, 4 ranks dp=2 x tp=2, canary every 10 steps) with
+  faults injected by trainer/faults.py, and clean runs of 60 to 1,000 steps (REAL_RUNS).
+  Most train while the bench itself loads the machine to 4x its cores with busy
+  processes, killed after each run; a few (a 15% straggler on 4 and on 8 ranks, a clean
+  run) add no load. Their telemetry files are kept in --real-dir and reused; delete
+  them to train again. The real runs take about 15 minutes on 2 cores.
+
+False alerts are reported per 10,000 clean steps, for every kind, separately for the
+simulated, the loaded real and the quiet real runs. The last line is the headline.
 
 Scoring: a fault is found by a detector when an alert of its kind comes within the
 fault's window (EXPECT); latency is in logged steps. An alert is explained when it falls
@@ -28,13 +34,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,50 +235,96 @@ def sim_scenarios(args: argparse.Namespace) -> list[Scenario]:
 
 # ---------------------------------------------------------------------------- real runs
 
+
+@dataclass(frozen=True)
+class RealRun:
+    """One reference-trainer run: its faults, length, ranks, and whether the bench loads
+    the machine while it trains."""
+
+    injects: tuple[str, ...] = ()
+    steps: int = 60
+    loaded: bool = True
+    nproc: int = 4
+    extra: tuple[str, ...] = ()
+
+    @property
+    def layout(self) -> list[str]:
+        """dp x tp: tp=2 always, so that 4 ranks are 2 x 2 and 8 ranks 4 x 2."""
+        return ["--dp", str(self.nproc // 2), "--tp", "2"]
+
+
+# The machine's load while a loaded run trains: BUSY_PER_CORE busy processes per core
+# (`python -c "while True: pass"`), started before the run and killed after it. 4 per core
+# is the issue's "load of 4x its cores".
+BUSY_PER_CORE = 4
+LONG_STEPS = 1000  # clean loaded runs: a false straggler must not appear in 1,000 steps
 REAL_RUNS = {
-    # name: (trainer --inject specs, extra flags)
-    "straggler40-sdc": (["straggler:rank=1,step=15,slowdown=0.4", "sdc:rank=2,step=30"], []),
-    "straggler15": (["straggler:rank=3,step=20,slowdown=0.15"], []),
-    "sdc": (["sdc:rank=1,step=25,fraction=0.001"], []),
-    "spike-batch": (["spike:step=30,kind=batch"], []),
-    "spike-lr-nan": (["spike:step=25,kind=lr", "nan:step=50"], []),
-    "clean-0": ([], []),
-    "clean-1": ([], ["--seed", "1"]),
-    "clean-2": ([], ["--seed", "2", "--lr", "6e-3"]),
+    "straggler40-sdc": RealRun(("straggler:rank=1,step=15,slowdown=0.4", "sdc:rank=2,step=30")),
+    "straggler15": RealRun(("straggler:rank=3,step=20,slowdown=0.15",), steps=100),
+    "straggler15-r1": RealRun(("straggler:rank=1,step=30,slowdown=0.15",), steps=100),
+    "sdc": RealRun(("sdc:rank=1,step=25,fraction=0.001",)),
+    "spike-batch": RealRun(("spike:step=30,kind=batch",)),
+    "spike-lr-nan": RealRun(("spike:step=25,kind=lr", "nan:step=50")),
+    "clean-0": RealRun(),
+    "clean-1": RealRun(extra=("--seed", "1")),
+    "clean-2": RealRun(extra=("--seed", "2", "--lr", "6e-3")),
+    "clean-long-0": RealRun(steps=LONG_STEPS, extra=("--seed", "3")),
+    "clean-long-1": RealRun(steps=LONG_STEPS, extra=("--seed", "4")),
+    # No load added by the bench (other work on the machine goes on).
+    "quiet-straggler15": RealRun(("straggler:rank=2,step=20,slowdown=0.15",), 100, False),
+    "quiet-clean": RealRun(steps=200, loaded=False, extra=("--seed", "5")),
+    "quiet-8rank-straggler15": RealRun(
+        ("straggler:rank=5,step=10,slowdown=0.15",), steps=60, loaded=False, nproc=8
+    ),
 }
-REAL_STEPS = 60
+
+
+@contextmanager
+def busy_machine(loaded: bool) -> Iterator[None]:
+    """BUSY_PER_CORE busy processes per core while the block runs (none if not loaded)."""
+    procs = []
+    if loaded:
+        spin = [sys.executable, "-c", "while True: pass"]
+        procs = [subprocess.Popen(spin) for _ in range(BUSY_PER_CORE * (os.cpu_count() or 1))]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def train(name: str, run: RealRun, path: Path) -> str:
+    """Run the trainer into the telemetry file `path`; a note on the machine's load."""
+    flags = [*run.layout, "--steps", str(run.steps), "--canary-every", str(REAL_CANARY_EVERY),
+             "--telemetry-file", str(path), *run.extra]  # fmt: skip
+    for spec in run.injects:
+        flags += ["--inject", spec]
+    print(f"  training {name} ({run.steps} steps) ...", file=sys.stderr, flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with busy_machine(run.loaded):
+        started = time.monotonic()
+        proc = subprocess.run(
+            torchrun_command(run.nproc, flags), capture_output=True, text=True, env=env,
+            timeout=1800,
+        )  # fmt: skip
+        load = os.getloadavg()[0]
+    if proc.returncode != 0:
+        path.unlink(missing_ok=True)
+        raise RuntimeError(f"trainer run {name} failed:\n{proc.stderr[-3000:]}")
+    return (
+        f"trained in {time.monotonic() - started:.0f} s, 1-min load average {load:.1f} at its end"
+    )
 
 
 def real_scenarios(args: argparse.Namespace) -> list[Scenario]:
     out_dir = Path(args.real_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = []
-    for name, (injects, extra) in REAL_RUNS.items():
+    for name, run in REAL_RUNS.items():
         path = out_dir / f"{name}.jsonl"
-        if not path.exists():
-            flags = [
-                "--dp",
-                "2",
-                "--tp",
-                "2",
-                "--steps",
-                str(REAL_STEPS),
-                "--canary-every",
-                str(REAL_CANARY_EVERY),
-                "--telemetry-file",
-                str(path),
-                *extra,
-            ]
-            for spec in injects:
-                flags += ["--inject", spec]
-            print(f"  training {name} ...", file=sys.stderr, flush=True)
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            proc = subprocess.run(
-                torchrun_command(4, flags), capture_output=True, text=True, env=env, timeout=900
-            )
-            if proc.returncode != 0:
-                path.unlink(missing_ok=True)
-                raise RuntimeError(f"trainer run {name} failed:\n{proc.stderr[-3000:]}")
+        note = train(name, run, path) if not path.exists() else f"reused {path}"
         analyzer, alerts, events, signals, anonymous = Analyzer(), [], [], set(), set()
         for line in path.read_bytes().splitlines():
             run_id, tables = to_arrow(orjson.loads(line))
@@ -292,16 +348,16 @@ def real_scenarios(args: argparse.Namespace) -> list[Scenario]:
                 )
         sc = Scenario(
             name,
-            "real",
+            "real-loaded" if run.loaded else "real-quiet",
             truths,
-            REAL_STEPS,
+            run.steps,
             REAL_CANARY_EVERY,
             signals=signals,
             anonymous=anonymous,
             alerts=alerts,
         )
         out.append(sc)
-        print(f"  {name}: {len(alerts)} alerts", file=sys.stderr, flush=True)
+        print(f"  {name}: {len(alerts)} alerts ({note})", file=sys.stderr, flush=True)
     return out
 
 
@@ -355,6 +411,7 @@ def score(scenarios: list[Scenario]) -> tuple[dict, Counter, Counter, list]:
     false_clean, unexplained_faulty, misses = Counter(), Counter(), []
     for sc in scenarios:
         explained = set()
+        raised = [a for a in sc.alerts if not a.resolves]  # a resolve row ends an episode
         for t in sc.faults:
             for kind, within, culprit in EXPECT[t.kind]:
                 if kind not in sc.signals:
@@ -362,9 +419,7 @@ def score(scenarios: list[Scenario]) -> tuple[dict, Counter, Counter, list]:
                 window = sc.canary_every if within == "canary" else within
                 s = scores[kind]
                 s.faults += 1
-                hits = [
-                    a for a in sc.alerts if a.kind == kind and t.step <= a.step <= t.step + window
-                ]
+                hits = [a for a in raised if a.kind == kind and t.step <= a.step <= t.step + window]
                 want = None if kind in sc.anonymous else culprit_of(t, culprit)
                 s.culprits += want is not None
                 if not hits:
@@ -379,11 +434,11 @@ def score(scenarios: list[Scenario]) -> tuple[dict, Counter, Counter, list]:
                         f"{sc.name}: {kind} named rank {hits[0].rank} layer "
                         f"{hits[0].layer} for {t.kind} {t.label} ({want})"
                     )
-            for a in sc.alerts:
+            for a in raised:
                 own = {k for k, _, _ in EXPECT[t.kind]}
                 if a.kind in own | KNOCK_ON[t.kind] and t.step <= a.step <= t.step + KNOCK_ON_STEPS:
                     explained.add(id(a))
-        for a in sc.alerts:
+        for a in raised:
             scores[a.kind].alerts += 1
             scores[a.kind].explained += id(a) in explained
             if id(a) not in explained:
@@ -402,9 +457,27 @@ def culprit_of(t: Truth, culprit: str | None) -> tuple[str, int] | None:
     return None
 
 
-def report(title: str, scenarios: list[Scenario], lines: list[str]) -> None:
+# Every kind an alert may have: each gets its false-alert rate, zero or not.
+ALL_KINDS = sorted(
+    {k for v in EXPECT.values() for k, _, _ in v}
+    | set().union(*KNOCK_ON.values())
+    | {"rank_lost", "hang"}
+)
+
+
+@dataclass
+class Summary:
+    clean_steps: int = 0
+    false_alerts: int = 0
+    straggler: Score | None = None
+
+    def rate(self) -> float:
+        return self.false_alerts / self.clean_steps * 1e4 if self.clean_steps else math.nan
+
+
+def report(title: str, scenarios: list[Scenario], lines: list[str]) -> Summary:
     if not scenarios:
-        return
+        return Summary()
     scores, false_clean, unexplained, misses = score(scenarios)
     n_faulty = sum(1 for s in scenarios if s.faults)
     clean_steps = sum(s.steps for s in scenarios if not s.faults)
@@ -430,13 +503,44 @@ def report(title: str, scenarios: list[Scenario], lines: list[str]) -> None:
     if unexplained:
         lines.append(f"unexplained alerts in faulty runs: {dict(unexplained)}")
     n_false = sum(false_clean.values())
-    rate = n_false / clean_steps * 1e4 if clean_steps else float("nan")
+    summary = Summary(clean_steps, n_false, scores.get("straggler"))
     lines.append(
         f"false alerts on clean runs, all detectors: {n_false} in {clean_steps:,} "
-        f"steps = {rate:.2f} per 10,000 steps {dict(false_clean) or ''}"
+        f"steps = {summary.rate():.2f} per 10,000 steps"
     )
+    if clean_steps:
+        per_kind = ", ".join(
+            f"{k} {false_clean[k] / clean_steps * 1e4:.2f}"
+            for k in sorted(set(ALL_KINDS) | set(false_clean))
+        )
+        lines.append(f"  per kind, per 10,000 clean steps: {per_kind}")
     for m in misses[:30]:
         lines.append(f"  note: {m}")
+    return summary
+
+
+def headline(sim: Summary, loaded: Summary, quiet: Summary) -> str:
+    """The last line: false alerts per 10,000 simulated and real steps; straggler recall,
+    latency and culprit on real runs."""
+    real = Summary(loaded.clean_steps + quiet.clean_steps, loaded.false_alerts + quiet.false_alerts)
+    found, faults, named, culprits, latencies = 0, 0, 0, 0, []
+    for s in (loaded.straggler, quiet.straggler):
+        if s is not None:
+            found, faults, named, culprits = (
+                found + s.found,
+                faults + s.faults,
+                named + s.named,
+                culprits + s.culprits,
+            )
+            latencies += s.latencies
+    lat = f"{statistics.median(latencies):.0f}/{max(latencies)}" if latencies else "n/a"
+    return (
+        f"HEADLINE: false alerts per 10,000 steps: simulated {sim.rate():.2f} "
+        f"({sim.clean_steps:,} clean steps), real {real.rate():.2f} ({real.clean_steps:,} "
+        f"clean steps, {loaded.clean_steps:,} of them on a machine loaded to "
+        f"{BUSY_PER_CORE}x its cores); real stragglers found {found}/{faults}, named "
+        f"{named}/{culprits}, latency median/max {lat} steps"
+    )
 
 
 def main() -> None:
@@ -459,15 +563,20 @@ def main() -> None:
         f"$ python bench/detect.py --scenarios {args.scenarios} --steps {args.steps} "
         f"--ranks {args.ranks}" + (" --no-real" if args.no_real else "")
     ]
-    report(f"simulated fleets ({args.ranks} ranks, {args.steps} steps of 2 s each)", sims, lines)
-    report(f"real 4-rank trainer runs (dp=2 x tp=2, {REAL_STEPS} steps, CPU)", reals, lines)
-    every = sims + reals
-    clean_steps = sum(s.steps for s in every if not s.faults)
-    n_false = sum(len(s.alerts) for s in every if not s.faults)
-    lines.append(
-        f"ALL: false alerts {n_false} in {clean_steps:,} clean steps = "
-        f"{n_false / max(clean_steps, 1) * 1e4:.2f} per 10,000 steps"
+    sim = report(f"simulated fleets ({args.ranks} ranks, {args.steps} steps of 2 s each)", sims,
+                 lines)  # fmt: skip
+    loaded = report(
+        f"real 4-rank trainer runs (dp=2 x tp=2, CPU), {BUSY_PER_CORE} busy processes per core "
+        "started by the bench",
+        [s for s in reals if s.source == "real-loaded"],
+        lines,
     )
+    quiet = report(
+        "real trainer runs (4 ranks dp=2 x tp=2, 8 ranks dp=4 x tp=2, CPU), no load added",
+        [s for s in reals if s.source == "real-quiet"],
+        lines,
+    )
+    lines.append(headline(sim, loaded, quiet))
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -9,8 +9,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
+from trainvitals.analyzer.straggler import (
+    StragglerSettings,
+    excess,
+    rank_scores,
+    sigma_of,
+    step_spread,
+)
 from trainvitals.dashboard.client import RunSummary
 
 J_PER_KWH = 3.6e6
@@ -118,25 +126,45 @@ def progress(
     return Progress(tokens_done, wall_s, goodput, eta_s)
 
 
-def rank_costs(means: pd.DataFrame, bucket_steps: int) -> pd.DataFrame:
-    """Per rank: seconds behind the median rank over the window, slowest rank first.
+def rank_costs(
+    means: pd.DataFrame, bucket_steps: int, settings: StragglerSettings | None = None
+) -> pd.DataFrame:
+    """Per rank, slowest first as the straggler detector ranks them: `straggler` (the
+    detector's judgement over the window), `slower` (median excess over the median rank,
+    a fraction), `behind_s` (seconds behind the median rank, summed) and `mean_s`.
 
     `means` is a step x rank grid (step, rank, value) of bucket means of a per-rank time.
-    A synchronous step ends when its slowest rank does, so a rank's excess over the
-    median rank is time the whole job waits for it: what that rank costs the job were it
-    the only slow one (two ranks slow at the same step do not add up). Each bucket mean
+    Its buckets are scored by the detector's own function (analyzer.straggler.rank_scores):
+    the bar is the window's rank-to-rank spread, and a straggler clears it in most
+    buckets. A synchronous step ends when its slowest rank does, so a rank's excess over
+    the median rank is time the whole job waits for it: what that rank costs the job were
+    it the only slow one (two ranks slow at the same step do not add up). Each bucket mean
     stands for the steps `steps_covered` gives it, so the sum is the same whatever the
     bucket width and the logging interval.
     """
+    settings = settings or StragglerSettings()
+    grid = means.pivot_table(index="step", columns="rank", values="value", aggfunc="mean")
+    x = excess(grid.to_numpy(dtype="float64"))
+    scores = rank_scores(x, sigma_of(step_spread(x)), settings)
     median = means.groupby("step")["value"].transform("median")
     covered = means["step"].map(steps_covered(means["step"], bucket_steps))
     behind = (means["value"] - median).clip(lower=0) * covered
-    out = (
+    totals = (
         means.assign(behind_s=behind)
-        .groupby("rank", as_index=False)
+        .groupby("rank")
         .agg(behind_s=("behind_s", "sum"), mean_s=("value", "mean"))
+        .reindex(grid.columns)
     )
-    return out.sort_values(["behind_s", "rank"], ascending=[False, True], ignore_index=True)
+    out = pd.DataFrame(
+        {
+            "rank": grid.columns.to_numpy(),
+            "straggler": scores.slow,
+            "slower": np.expm1(scores.median()),
+            "behind_s": totals["behind_s"].to_numpy(),
+            "mean_s": totals["mean_s"].to_numpy(),
+        }
+    )
+    return out.iloc[scores.order()].reset_index(drop=True)
 
 
 def steps_covered(bucket_starts: pd.Series, bucket_steps: int) -> pd.Series:

@@ -117,14 +117,18 @@ def slowest_ranks(means: Series, time_name: str) -> None:
     st.subheader("Slowest ranks")
     costs = derive.rank_costs(means.frame.dropna(subset=["value"]), means.bucket_steps)
     st.caption(
-        f"Ranked by the time each spent beyond the median rank's {time_name}, summed over "
-        "the window: a synchronous step waits for its slowest rank, so that is what the "
-        "rank cost the job were it the only slow one."
+        f"Ranked as the straggler detector ranks them: first the ranks whose {time_name} "
+        "stayed above this window's rank-to-rank spread (the detector's bar) in most of "
+        "its buckets, then by how much slower than the median rank they were. The cost is "
+        "the time each spent beyond the median rank, summed over the window: a synchronous "
+        "step waits for its slowest rank."
     )
     st.dataframe(
-        costs.head(SLOWEST_SHOWN),
+        costs.head(SLOWEST_SHOWN).assign(slower=costs["slower"] * 100),
         hide_index=True,
         column_config={
+            "straggler": st.column_config.CheckboxColumn("straggler"),
+            "slower": st.column_config.NumberColumn("slower than median (%)", format="%.1f"),
             "behind_s": st.column_config.NumberColumn("cost to the job (s)", format="%.3f"),
             "mean_s": st.column_config.NumberColumn(f"mean {time_name} (s)", format="%.4f"),
         },

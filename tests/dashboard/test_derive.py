@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from trainvitals.analyzer.straggler import StragglerDetector
+from trainvitals.analyzer.views import RankView, StepView
 from trainvitals.dashboard import derive
 from trainvitals.dashboard.client import RunSummary
 
@@ -51,8 +54,39 @@ def test_rank_costs_rank_the_straggler_first_with_its_excess() -> None:
     means = grid([(0, 0, 1.0), (0, 1, 1.0), (0, 2, 1.5), (10, 0, 1.0), (10, 1, 1.0), (10, 2, 1.5)])
     costs = derive.rank_costs(means, bucket_steps=10)
     assert costs["rank"].tolist() == [2, 0, 1]
+    assert costs["straggler"].tolist() == [True, False, False]
+    assert costs["slower"][0] == pytest.approx(0.5)
     assert costs["behind_s"].tolist() == [10.0, 0.0, 0.0]
     assert costs["mean_s"][0] == 1.5
+
+
+def _noisy_window(seed: int) -> np.ndarray:
+    """40 buckets x 4 ranks of compute means: 2% noise; rank 1 costs the most in total
+    (one bucket 10x slower), rank 3 is persistently 15% slower."""
+    rng = np.random.default_rng(seed)
+    compute = 0.1 * np.exp(0.02 * rng.standard_normal((40, 4)))
+    compute[:, 3] *= 1.15
+    compute[7, 1] *= 10
+    return compute
+
+
+def test_rank_costs_rank_as_the_straggler_detector_names() -> None:
+    # The table and the detector judge with the same function: the rank the detector
+    # names comes first, although another rank cost more in total (one very slow bucket).
+    compute = _noisy_window(0)
+    means = grid([(s, r, compute[s, r]) for s in range(40) for r in range(4)])
+    costs = derive.rank_costs(means, bucket_steps=1)
+    detector = StragglerDetector()
+    alerts = [a for s in range(40) for a in detector.observe(_step_view(s, compute[s]))]
+    assert [a.rank for a in alerts] == [3]
+    assert costs["rank"][0] == 3 and costs["straggler"].tolist() == [True, False, False, False]
+    assert costs["behind_s"].idxmax() != 0  # ranked by the detector's score, not by cost
+
+
+def _step_view(step: int, compute: np.ndarray) -> StepView:
+    end = float(compute.max())
+    ranks = RankView.of(compute_time_s=compute.tolist(), wait_time_s=(end - compute).tolist())
+    return StepView("r", step, float(step), 2.0, 1.0, step_time_s=end, ranks=ranks)
 
 
 def logged_every(interval: int, bucket_steps: int, n_steps: int) -> pd.DataFrame:

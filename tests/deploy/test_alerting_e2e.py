@@ -28,7 +28,7 @@ from .servers import (
 )
 
 HISTORY_STEPS = 30  # clean steps before a fault: the loss-spike detector needs 20
-FAULT_STEPS = 15  # steps from the fault on, sent in one batch
+FAULT_STEPS = 25  # steps from the fault on, in one batch: a straggler needs 20 of 25 (straggler.py)
 DELIVERY_TIMEOUT_S = 20.0  # measured latency is a few seconds
 
 # fault -> (alertname, labels the webhook must see besides run_id)
