@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
 
+import numpy as np
+import pytest
+
+from trainvitals.analyzer.runinfo import RunInfo
 from trainvitals.analyzer.sdc import (
     CanaryDetector,
     PeerOutlierDetector,
+    PeerOutlierSettings,
     ReplicaDetector,
     outvoted,
+    sdc_detectors,
 )
 
 from .synthetic import fleet, run
+
+
+def run_all(detectors: list, views) -> list:
+    """Alerts of several detectors fed the same steps, in the engine's order."""
+    return [a for v in views for d in detectors for a in d.observe(v)]
 
 
 def test_outvoted_names_minorities_and_split_groups() -> None:
@@ -74,3 +85,91 @@ def test_clean_fleets_raise_no_sdc() -> None:
     for seed in range(4):
         for detector in (CanaryDetector(), ReplicaDetector(), PeerOutlierDetector()):
             assert run(detector, fleet(300, ranks=16, seed=seed)) == [], seed
+
+
+def _layout(tp: int, faulty: int, after: int, canary: bool = True, outlier: bool = False):
+    """FSDP x TP as the trainer lays it out (replica group = rank // tp, the dp index):
+    from step `after` the faulty rank's own copy and, through the data-parallel gradient
+    reduction, the copy of the member at its tp index in every other group drift; its
+    canary (if `canary`) and its local gradient norm (if `outlier`) go wrong too."""
+
+    def fault(step: int, cols: dict) -> None:
+        r = cols["ranks"]
+        n = len(r["replica_group"])
+        r["replica_group"] = (np.arange(n) // tp).astype(float)
+        if np.isfinite(r["replica_fingerprint"]).all():
+            r["replica_fingerprint"] = 1000.0 * step + r["replica_group"]
+            if step >= after:
+                r["replica_fingerprint"][faulty % tp :: tp] += 0.5 + np.arange(n // tp)
+        if step >= after and canary and np.isfinite(r["canary_fingerprint"]).all():
+            r["canary_fingerprint"][faulty] += 1
+        if step >= after and outlier:
+            r["grad_norm_local"][faulty] *= 3
+
+    return fault
+
+
+HOSTS = RunInfo(tp=4, hosts=("a", "a", "a", "a", "b", "b", "b", "b"))
+
+
+def _on(hosts: RunInfo, views):
+    return (replace(v, run=hosts) for v in views)
+
+
+def test_replica_blames_the_member_the_canary_names_and_not_its_receivers() -> None:
+    # dp=2 x tp=4: rank 1 is faulty; rank 5 (tp index 1 of group 1) only sums its gradients.
+    views = fleet(60, ranks=8, tp=4, fault=_layout(tp=4, faulty=1, after=30))
+    alerts = run_all(sdc_detectors(), _on(HOSTS, views))
+    (replica,) = [a for a in alerts if a.kind == "sdc_replica"]
+    assert (replica.step, replica.rank) == (30, 1)
+    assert "rank 1 on a (its SDC canary disagrees" in replica.message
+    assert "rank 5 on b (tp index 1 of replica group 1) differs too only because" in replica.message
+    assert "not at fault" in replica.message
+
+
+def test_replica_without_a_named_member_blames_no_group() -> None:
+    views = fleet(60, ranks=8, tp=4, fault=_layout(tp=4, faulty=1, after=30, canary=False))
+    (replica,) = run(ReplicaDetector(), _on(HOSTS, views))
+    assert replica.rank is None and "ranks 1 on a, 5 on b (tp index 1" in replica.message
+    assert "none is blamed" in replica.message
+    assert "differs from the majority" not in replica.message
+
+
+def test_replica_names_the_culprit_once_the_canary_finds_it() -> None:
+    # The copies drift at step 30, the canary only catches the unit at step 40.
+    fault = _layout(tp=4, faulty=1, after=30, canary=False)
+
+    def later_canary(step: int, cols: dict) -> None:
+        fault(step, cols)
+        if step >= 40 and step % 10 == 0:
+            cols["ranks"]["canary_fingerprint"][1] += 1
+
+    alerts = run_all(sdc_detectors(), fleet(60, ranks=8, tp=4, fault=later_canary))
+    replica = [(a.step, a.rank) for a in alerts if a.kind == "sdc_replica"]
+    assert replica == [(30, None), (40, 1)]
+
+
+def test_a_persistent_peer_outlier_names_the_member_of_split_pairs() -> None:
+    # dp=4 x tp=2: every group is a pair, so the fingerprints alone name nobody; rank 3's
+    # gradient norm stands apart from its data-parallel peers (ranks 1, 5, 7) from step 100.
+    fault = _layout(tp=2, faulty=3, after=100, canary=False, outlier=True)
+    alerts = run_all(sdc_detectors(), fleet(160, ranks=8, tp=2, seed=1, fault=fault))
+    kinds = [(a.kind, a.rank) for a in alerts]
+    assert ("sdc_outlier", 3) in kinds
+    blamed = [a for a in alerts if a.kind == "sdc_replica" and a.rank is not None]
+    assert blamed and blamed[0].rank == 3
+    assert "a persistent outlier among its data-parallel peers" in blamed[0].message
+    assert "ranks 1, 5, 7 (tp index 1 of replica groups 0, 2, 3)" in blamed[0].message
+    unblamed = [a for a in alerts if a.kind == "sdc_replica" and a.rank is None]
+    assert all("none is blamed" in a.message for a in unblamed)
+
+
+def test_peer_outlier_settings_name_the_bad_field() -> None:
+    with pytest.raises(ValueError, match=r"peer_outlier\.min_hits must be in \[1, window=10\]"):
+        PeerOutlierSettings(min_hits=11)
+    with pytest.raises(ValueError, match=r"peer_outlier\.min_ratio must be > 1"):
+        PeerOutlierSettings(min_ratio=1.0)
+    stricter = PeerOutlierDetector(PeerOutlierSettings(min_hits=10))
+    fault = _layout(tp=1, faulty=3, after=100, canary=False, outlier=True)
+    assert run(stricter, fleet(108, ranks=8, seed=1, fault=fault)) == []  # 8 hits, not 10
+    assert run(PeerOutlierDetector(), fleet(108, ranks=8, seed=1, fault=fault)) != []

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from trainvitals.analyzer.throttle import ThrottleDetector, decode
+from dataclasses import replace
+
+import pytest
+
+from trainvitals.analyzer.runinfo import RunInfo
+from trainvitals.analyzer.throttle import ThrottleDetector, ThrottleSettings, decode
+from trainvitals.analyzer.throughput import ThroughputSettings
 
 from .synthetic import fleet, run
 
@@ -48,3 +54,26 @@ def test_a_clock_drop_below_its_own_baseline_is_named() -> None:
 def test_clean_fleets_are_not_throttled() -> None:
     for seed in range(4):
         assert run(ThrottleDetector(), fleet(300, seed=seed)) == []
+
+
+def test_a_throttled_rank_is_named_with_its_host() -> None:
+    hosts = RunInfo(hosts=tuple(f"node-{r // 4}" for r in range(8)))
+    views = (
+        replace(v, run=hosts) for v in fleet(150, fault=_from(100, "throttle_reasons", 6, 0x40))
+    )
+    (alert,) = run(ThrottleDetector(), views)
+    assert alert.rank == 6 and alert.message.startswith("rank 6 on node-1 throttled")
+
+
+def test_settings_change_what_is_flagged_and_bad_ones_name_their_field() -> None:
+    fault = _from(100, "sm_clock_mhz", 4, factor=0.8)
+    tolerant = ThrottleDetector(ThrottleSettings(clock_drop=0.3))  # a 20% drop is allowed
+    assert run(tolerant, fleet(150, fault=fault)) == []
+    with pytest.raises(ValueError, match=r"throttle\.clock_drop must be in \(0, 1\)"):
+        ThrottleSettings(clock_drop=1.5)
+    with pytest.raises(ValueError, match=r"throttle\.min_hits must be in \[1, window=10\]"):
+        ThrottleSettings(min_hits=0)
+    with pytest.raises(ValueError, match=r"throughput\.min_drop must be in \(0, 1\)"):
+        ThroughputSettings(min_drop=0)
+    with pytest.raises(ValueError, match=r"throughput\.recent_steps must be >= 3"):
+        ThroughputSettings(recent_steps=2)
