@@ -22,6 +22,9 @@ from .lr_schedule import WarmRestarts
 from .rolling import RollingWindow, median_of_sorted
 from .views import RunEvent, StepView
 
+# Raw losses in the fast level, the median that tells a decaying spike from a climb: a
+# level over `level_window` losses still rises for half its window after a spike.
+_FAST_WINDOW = 3
 # Standard error of the median of n Gaussian values: sqrt(pi / 2) x sigma / sqrt(n)
 # (asymptotic efficiency of the median; Kenney & Keeping, 1962).
 _MEDIAN_SE = math.sqrt(math.pi / 2)
@@ -61,7 +64,8 @@ class DivergenceSettings:
     # Consecutive logged steps that must meet the rule before the alert.
     confirm_steps: int = 3
     # The loss is recovering once its level fell from the episode's peak by this fraction
-    # of the climb: no alert then (a spike's decay, 3.44 -> 0.88 -> 0.58, is no divergence).
+    # of the climb, or its last 3 losses' median fell below its high of the level's window
+    # by 4 standard errors: no alert then (a spike's decay, 3.44 -> 0.88 -> 0.58).
     recover_fraction: float = 0.25
     # The episode resolves when the level is back within this ratio - 1 of the baseline.
     resolve_rise: float = 0.03
@@ -158,7 +162,8 @@ class DivergenceDetector:
     steps in a row: a rise m - B of at least `min_rise` (or `min_rise_with_grad` when the
     gradient norm's level grew by `min_grad_growth` since the onset) and `noise_z`
     standard errors; and a loss that is not recovering (its level not down from the
-    episode's peak by `recover_fraction` of the climb). It resolves once `m` is back within
+    episode's peak by `recover_fraction` of the climb, nor its last 3 losses' median
+    clearly below its recent high). It resolves once `m` is back within
     `resolve_rise` of `B`. Warm restarts of the learning rate pause it (lr_schedule.py).
     The noise is the robust spread of step-to-step differences, as in the spike detector.
     Per step: a few O(window) inserts into sorted windows.
@@ -178,6 +183,7 @@ class DivergenceDetector:
     _onset: _Onset | None = None  # last healthy step
     _start: int | None = None  # onset of the climb, once the level left the healthy band
     _recent: deque[tuple[int, float]] = field(init=False, repr=False)  # (step, log-loss)
+    _fast: deque[float] = field(init=False, repr=False)  # fast levels, last level_window
     _peak: float = -math.inf  # highest level since the onset
     _streak: int = 0  # consecutive steps meeting the rule
     _alert: Alert | None = None  # the open episode
@@ -192,6 +198,7 @@ class DivergenceDetector:
         self._lows = _LowestOf(cfg.baseline_window)
         self._restarts = WarmRestarts(cfg.restart_lr_ratio)
         self._recent = deque(maxlen=cfg.level_window + 1)
+        self._fast = deque(maxlen=cfg.level_window)
 
     def observe_events(self, events: list[RunEvent]) -> None:
         """Checkpoints saved by the run: rollback advice names the last before an onset."""
@@ -224,6 +231,8 @@ class DivergenceDetector:
             self._diffs.push(x - self._last_x)
         self._last_x = x
         self._recent.append((s.step, x))
+        last = sorted(x for _, x in list(self._recent)[-_FAST_WINDOW:])
+        self._fast.append(median_of_sorted(last))
         g = s.grad_norm
         if g is not None and math.isfinite(g) and g > 0:
             self._grad_level.push(math.log(g))
@@ -291,6 +300,10 @@ class DivergenceDetector:
             math.log1p(cfg.min_rise_with_grad if corroborated else cfg.min_rise), cfg.noise_z * se
         )
         recovering = level < self._peak - max(cfg.recover_fraction * rise, healthy)
+        # ... or the last few losses fell clearly below their recent high: the level,
+        # a median, still climbs for half its window while a spike decays.
+        fast_se = _MEDIAN_SE * sigma / math.sqrt(_FAST_WINDOW)
+        recovering |= self._fast[-1] < max(self._fast) - 4 * fast_se
         self._streak = self._streak + 1 if rise >= need and not recovering else 0
         if self._streak >= cfg.confirm_steps:
             self._alert = self._diverging(s, onset, level, growth)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +74,57 @@ def test_an_exact_column_name_wins_over_one_that_differs_in_case(tmp_path: Path)
     losses = {"loss": [2.0, float("nan")], "Loss": [2.0, 2.0]}
     pq.write_table(pa.table({"step": [0, 1], **losses}), path)
     assert [(a.kind, a.step) for a in analyze_file(path)] == [("nonfinite", 1)]
+
+
+def _export(path: Path, columns: dict[str, list]) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def _noisy_loss(n: int, seed: int, noise: float) -> list[float]:
+    rng = random.Random(seed)
+    return [(2.5 + 2 * math.exp(-s / 150)) * math.exp(rng.gauss(0, noise)) for s in range(n)]
+
+
+def test_analyze_uses_a_grad_norm_column_as_second_signal(tmp_path: Path) -> None:
+    # A +15% one-step spike at 3% noise is a spike only with the gradient norm's 3x jump.
+    loss = _noisy_loss(600, 1, 0.03)
+    loss[400] *= 1.15
+    grad = [1.0 + 0.05 * ((s * 7919) % 11 - 5) / 5 for s in range(600)]  # +-5%, no jump
+    grad[400] = 3.0
+    lr = [1e-3] * 600
+    with_grad = {"_step": list(range(600)), "train/loss": loss, "train/grad_norm": grad}
+    path = _export(tmp_path / "wandb.parquet", {**with_grad, "learning_rate": lr})
+    assert [(a.kind, a.step) for a in analyze_file(path)] == [("loss_spike", 400)]
+    alone = _export(tmp_path / "loss.parquet", {"_step": list(range(600)), "train/loss": loss})
+    assert analyze_file(alone) == []
+
+
+def test_analyze_reads_lr_and_tells_a_warm_restart_from_a_divergence(tmp_path: Path) -> None:
+    # The loss rises 30% when the learning rate goes back to its earlier peak (a warm
+    # restart, not a fault); from the lr column, analyze knows.
+    n = 1200
+    lr = [1e-3 if s < 600 else 2e-4 for s in range(n)]
+    lr[900:] = [1e-3] * (n - 900)
+    loss = _noisy_loss(n, 2, 0.01)
+    loss[900:] = [x * 1.3 for x in loss[900:]]
+    steps = {"step": list(range(n)), "loss": loss}
+    restart = _export(tmp_path / "restart.parquet", {**steps, "lr": lr})
+    assert analyze_file(restart) == []
+    no_lr = _export(tmp_path / "no_lr.parquet", steps)
+    assert "loss_diverging" in {a.kind for a in analyze_file(no_lr)}
+
+
+def test_analyze_flags_a_loss_climbing_from_3_to_40(tmp_path: Path) -> None:
+    # The curve: no jump, the loss climbs to 40 over 300 steps, grad norm 100x.
+    n, onset = 900, 500
+    loss = _noisy_loss(n, 3, 0.02)
+    frac = [min(1.0, max(0, s - onset) / 300) for s in range(n)]
+    loss = [x * (40 / 2.5) ** f for x, f in zip(loss, frac, strict=True)]
+    grad = [math.exp(math.log(100) * f) for f in frac]
+    path = _export(
+        tmp_path / "climb.parquet", {"step": list(range(n)), "loss": loss, "grad_norm": grad}
+    )
+    (alert,) = [a for a in analyze_file(path) if a.kind == "loss_diverging"]
+    assert onset <= alert.start_step and alert.step - onset <= 50
+    assert "Data:" not in alert.message  # a file has no collector to query
