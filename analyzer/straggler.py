@@ -137,42 +137,48 @@ def sigma_of(spreads: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class RankScores:
-    """Per rank (columns of the window): the judgement over a window of steps."""
+    """The judgement over a window of steps of the ranks judged (`columns` of the window)."""
 
-    window: np.ndarray  # the steps x ranks excesses judged
-    above: np.ndarray  # steps whose excess cleared the bar
-    below: np.ndarray  # steps whose excess stayed under resolve_fraction x the bar
-    slow: np.ndarray  # bool: cleared the bar in persist_fraction of the window's steps
+    columns: np.ndarray  # the window's columns judged, ascending
+    window: np.ndarray  # their steps x ranks excesses
+    above: np.ndarray  # per rank: steps whose excess cleared the bar
+    below: np.ndarray  # per rank: steps whose excess stayed under resolve_fraction x the bar
+    slow: np.ndarray  # per rank, bool: cleared the bar in persist_fraction of the steps
     bar: float  # the excess a rank had to clear
 
-    def median(self, columns: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """Median excess over the window of these ranks (a log ratio: exp(x) - 1 is how
-        much slower than the median rank). Asked for the ranks that matter only: on a
-        cohort of 16,384 ranks, every step, a median per rank would be most of the work."""
-        cols = self.window[:, columns]
+    def median(self, ranks: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Median excess over the window of these ranks (positions in `columns`; a log
+        ratio: exp(x) - 1 is how much slower than the median rank)."""
+        cols = self.window[:, ranks]
         if cols.size and np.isfinite(cols).all():
             return fast_median(cols, axis=0)
         with np.errstate(all="ignore"):
             return np.nanmedian(cols, axis=0) if len(cols) else np.full(cols.shape[1], np.nan)
 
     def order(self) -> np.ndarray:
-        """Column indices, slowest first: slow ranks, then by median excess."""
+        """Positions in `columns`, slowest first: slow ranks, then by median excess."""
         return np.lexsort((-np.nan_to_num(self.median(), nan=-np.inf), ~self.slow))
 
 
-def rank_scores(window: np.ndarray, sigma: float, s: StragglerSettings) -> RankScores:
-    """Judge each rank over `window` (steps x ranks of `excess`) against the run's spread.
+def rank_scores(
+    window: np.ndarray, sigma: float, s: StragglerSettings, columns: np.ndarray | None = None
+) -> RankScores:
+    """Judge ranks over `window` (steps x ranks of `excess`) against the run's spread.
 
     A rank is slow when its excess cleared the bar in `persist_fraction` of the window's
-    steps. The detector passes its last `persist_steps` steps; the dashboard a time window
-    of bucket means. NaN (not reported) counts as neither above nor below.
+    steps. The detector passes its last `persist_steps` steps and the `columns` that can
+    matter this step; the dashboard a time window of bucket means, every column. NaN (not
+    reported) counts as neither above nor below.
     """
+    if columns is None:
+        columns = np.arange(window.shape[1])
+    judged = window[:, columns]
     bar = s.bar(sigma)
     with np.errstate(invalid="ignore"):
-        above = (window >= bar).sum(axis=0)
-        below = (window < s.resolve_fraction * bar).sum(axis=0)
+        above = (judged >= bar).sum(axis=0)
+        below = (judged < s.resolve_fraction * bar).sum(axis=0)
     need = math.ceil(s.persist_fraction * len(window) - 1e-9)
-    return RankScores(window, above, below, (above >= need) & (need > 0), bar)
+    return RankScores(columns, judged, above, below, (above >= need) & (need > 0), bar)
 
 
 # ---------------------------------------------------------------------------- detector
@@ -222,7 +228,8 @@ class StragglerDetector:
         compute = r.compute_time_s
         if np.all(compute > 0):  # NaN (not reported) fails too
             x = excess(compute)
-            cost_s = np.maximum(0.0, compute - fast_median(compute))
+            # Its time beyond the median rank's: c - c / exp(x), without a second median.
+            cost_s = np.maximum(0.0, -compute * np.expm1(-x))
         elif s.step_time_s > 0:
             # Without compute times: how much later than the median rank each arrived (the
             # last to arrive waits least), which is what the job waited for it.
@@ -239,24 +246,34 @@ class StragglerDetector:
 
     def _judge(self, s: StepView) -> list[Alert]:
         """At most one row per step (the alerts table's key): a new episode first; an
-        episode that ended waits for a step without one."""
-        scores = rank_scores(self._excess, sigma_of(self._spreads), self.settings)
-        new = np.flatnonzero(scores.slow & ~self._in_episode)
+        episode that ended waits for a step without one.
+
+        Judged: the ranks above the bar at this step (a rank turns slow at a step where it
+        is slow) and those in an episode: O(ranks) for the rest, not O(ranks x window).
+        """
+        sigma = sigma_of(self._spreads)
+        latest = self._excess[(self._pushed - 1) % self.settings.persist_steps]
+        above_now = np.flatnonzero(latest >= self.settings.bar(sigma))
+        columns = np.union1d(above_now, np.flatnonzero(self._in_episode))
+        scores = rank_scores(self._excess, sigma, self.settings, columns)
+        new = np.flatnonzero(scores.slow & ~self._in_episode[columns])
         if len(new):
             return [self._open(s, new, scores)]
         need = self.settings.steps_needed
         for episode in self._episodes:
-            if (scores.below[episode.members] >= need).all():
-                return [self._close(s, episode, scores)]
+            members = np.searchsorted(columns, episode.members)
+            if (scores.below[members] >= need).all():
+                return [self._close(s, episode, scores, members[0])]
         return []
 
     def _open(self, s: StepView, new: np.ndarray, scores: RankScores) -> Alert:
+        """A new episode of the ranks at positions `new` of the scores' columns."""
         new = new[np.argsort(-scores.median(new), kind="stable")]
-        worst = new[0]
+        worst, members = new[0], scores.columns[new]
         ratio = math.exp(scores.median(new[:1])[0])
-        cost_s = fast_median(self._cost_s[:, worst])
-        start = self._onset(worst, scores.bar)
-        ranks = self._ranks[new].tolist()
+        cost_s = fast_median(self._cost_s[:, members[0]])
+        start = self._onset(members[0], scores.bar)
+        ranks = self._ranks[members].tolist()
         others = f" (also {name_ranks(s.run, ranks[1:])})" if len(ranks) > 1 else ""
         alert = Alert.at(
             s,
@@ -275,8 +292,8 @@ class StragglerDetector:
             rank=ranks[0],
             start_step=start,
         )
-        self._episodes.append(_Episode(alert, new))
-        self._in_episode[new] = True
+        self._episodes.append(_Episode(alert, members))
+        self._in_episode[members] = True
         return alert
 
     def _onset(self, column: int, bar: float) -> int:
@@ -285,11 +302,11 @@ class StragglerDetector:
         hits = order[self._excess[order, column] >= bar]
         return int(self._steps[hits[0]])
 
-    def _close(self, s: StepView, episode: _Episode, scores: RankScores) -> Alert:
+    def _close(self, s: StepView, episode: _Episode, scores: RankScores, worst: int) -> Alert:
         self._episodes.remove(episode)
         self._in_episode[episode.members] = False
         rank = name_rank(s.run, episode.alert.rank)
-        now = math.expm1(scores.median(episode.members[:1])[0])
+        now = math.expm1(scores.median([worst])[0])
         return episode.alert.resolved_at(
             s.step,
             s.time_unix_s,
