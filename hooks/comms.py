@@ -196,6 +196,23 @@ def _issue(tally: _Tally, kind: str, nbytes: int, timing: str, call: Callable) -
     return work
 
 
+def _in_collective(live: Any, call: Callable) -> Callable:
+    """`call`, with the training thread's heartbeat phase (heartbeat.Liveness) "collective"
+    while it runs: a rank blocked there waits for its peers (on gloo the call blocks until
+    the collective completes; on NCCL it only enqueues it)."""
+    if live is None:
+        return call
+
+    def marked() -> Any:
+        before, live.phase = live.phase, "collective"
+        try:
+            return call()
+        finally:
+            live.phase = before
+
+    return marked
+
+
 # ---------------------------------------------------------------------- FSDP2 comms
 
 if AllGather is not None:
@@ -218,6 +235,7 @@ if AllGather is not None:
                     async_op=async_op,
                 )
 
+            call = _in_collective(self._meter.liveness, call)
             if not self._meter.armed:
                 return call()
             nbytes = output_tensor.numel() * output_tensor.element_size()
@@ -247,6 +265,7 @@ if AllGather is not None:
                     async_op=async_op,
                 )
 
+            call = _in_collective(self._meter.liveness, call)
             if not self._meter.armed:
                 return call()
             if self._group is not None:
@@ -378,6 +397,8 @@ class CommsMeter:
         if time_collectives is None:
             time_collectives = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "0") == "1"
         self.armed = False
+        # heartbeat.Liveness of the monitor, if any: FSDP's collectives mark its phase.
+        self.liveness: Any = None
         self._armed_steps = 0  # since the last take()
         self._tp_hooks: list[tuple[nn.Module, Callable]] = []  # installed while armed
         self._tp_handles: list[Any] = []

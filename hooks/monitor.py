@@ -47,6 +47,7 @@ from .canary import Canary
 from .comms import CommsMeter
 from .exporter import Exporter, HttpExporter, NullExporter
 from .flops import peak_flops
+from .heartbeat import HeartbeatSender, Liveness, NullHeartbeat, PhaseHooks
 from .layers import (
     arrived,
     dense_values,
@@ -105,6 +106,10 @@ class MonitorConfig:
     # Time NCCL collectives with CUDA events (one pair per collective; docs/interconnect.md).
     # None: only if TORCH_NCCL_ENABLE_TIMING=1 is set.
     time_collectives: bool | None = None
+    # Collector that receives this rank's heartbeats (every rank sends its own; "": none,
+    # unless attach() was given a collector_url), and how often, in seconds (hooks/heartbeat.py).
+    heartbeat_url: str = ""
+    heartbeat_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.run_id:  # refused now: the collector would refuse every batch of the run
@@ -127,6 +132,10 @@ class MonitorConfig:
             raise ValueError(f"MonitorConfig.total_steps must be >= 1, got {self.total_steps}")
         if self.canary_every < 0 or self.power_interval_s < 0:
             raise ValueError("MonitorConfig.canary_every and power_interval_s must be >= 0")
+        if not (math.isfinite(self.heartbeat_interval_s) and self.heartbeat_interval_s > 0):
+            raise ValueError(
+                f"MonitorConfig.heartbeat_interval_s must be > 0, got {self.heartbeat_interval_s}"
+            )
         if self.canary_dtype not in ("", "float32", "bfloat16", "float16"):
             raise ValueError(f"MonitorConfig.canary_dtype: unknown dtype {self.canary_dtype!r}")
 
@@ -188,6 +197,8 @@ def attach(
         rank = dist.get_rank() if dist.is_initialized() else 0
         exporter = HttpExporter(collector_url, spool_dir=default_spool_dir(rank))
     exporter = exporter or NullExporter()
+    if collector_url:
+        config.setdefault("heartbeat_url", collector_url)
     return Monitor(model, mesh, exporter, MonitorConfig(**config), ddp=ddp)
 
 
@@ -275,6 +286,16 @@ class Monitor:
             target=self._export_loop, args=(run_meta,), name="trainvitals-export", daemon=True
         )
         self._thread.start()
+        self.liveness = Liveness(cfg.first_step)  # what this rank's heartbeats say
+        self._phases = PhaseHooks(model, self.liveness)
+        self.comms.liveness = self.liveness
+        self.heartbeat = (
+            HeartbeatSender(
+                cfg.heartbeat_url, self.run_id, self.rank, self.liveness, cfg.heartbeat_interval_s
+            )
+            if cfg.heartbeat_url
+            else NullHeartbeat()
+        )
         self._last_step_end = time.perf_counter()
         self._closed = False
 
@@ -560,6 +581,7 @@ class Monitor:
         """
         now, arrival_unix_s = time.perf_counter(), time.time()
         step_time_s, self._last_step_end = now - self._last_step_end, now
+        self.liveness.finished(self.step_count)
         data_time_s, compute_time_s = self.timer.step()
         loss = self._loss_scalar(loss)
         if lr is not None:
@@ -754,6 +776,8 @@ class Monitor:
         if self._closed:
             return
         self._closed = True
+        self.heartbeat.close("ended")  # first: a slow drain below must not look like a hang
+        self._phases.close()
         self.power.close()
         self.timer.close()
         self.update.close()

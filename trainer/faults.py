@@ -110,6 +110,14 @@ def _value(spec: str, key: str, text: str) -> str | int | float:
     return value  # inf is refused by the range checks in parse_fault
 
 
+def _detail(f: Fault) -> dict:
+    """A fault's parameters for its ground-truth event (rank and step are the event's own)."""
+    detail = {k: v for k, v in f.params.items() if k not in ("rank", "step")}
+    if detail.get("mode") == "bitflip":
+        del detail["fraction"]  # a bit flip changes one bit, not a fraction
+    return detail
+
+
 def corrupt(t: torch.Tensor, fraction: float, seed: int = 7) -> torch.Tensor:
     """A faulty unit's output: a fixed `fraction` of the elements come out 8x too large, negated."""
     gen = torch.Generator(device=t.device).manual_seed(seed)
@@ -158,14 +166,12 @@ class FaultInjector:
         ]  # fmt: skip
 
     def record(self, monitor, step: int) -> None:
-        """Rank 0 writes the ground truth of every fault that starts at `step`."""
+        """Rank 0 writes the ground truth of every fault that starts at `step` (a crashing
+        or hanging rank writes its own too: crash_or_hang)."""
         if self.rank == 0:
             for f in self.faults:
                 if f.step == step and self._fires(f):
-                    detail = {k: v for k, v in f.params.items() if k not in ("rank", "step")}
-                    if detail.get("mode") == "bitflip":
-                        del detail["fraction"]  # a bit flip changes one bit, not a fraction
-                    monitor.event(f"fault:{f.kind}", step, f.rank, detail)
+                    monitor.event(f"fault:{f.kind}", step, f.rank, _detail(f))
 
     def arm_sdc(self, model: nn.Module, monitor, step: int) -> None:
         """From its step on, this rank computes wrong values in one op and in its canary;
@@ -212,12 +218,15 @@ class FaultInjector:
             self.clock.busy(f.params["slowdown"] * base_s)
 
     def crash_or_hang(self, step: int, monitor) -> None:
-        """Crash or hang now, after the monitor has exported what it holds (the fault's
-        ground truth among it): a real crash would lose it, but a test harness should not."""
+        """Crash or hang now, after the monitor has exported what it holds and this rank's
+        own record of the fault (ground truth that must not depend on rank 0, which
+        torchrun kills soon after): a real crash would lose it, a test harness should not.
+        The same event from rank 0 (record) is the same key: the store keeps one."""
         hits = [f for f in self._mine("crash", step) + self._mine("hang", step) if self._fires(f)]
         if not hits:
             return
-        monitor.flush(timeout_s=10)
+        monitor.event(f"fault:{hits[0].kind}", step, self.rank, _detail(hits[0]))
+        monitor.flush(timeout_s=10)  # blocks: the process is about to stop anyway
         if hits[0].kind == "crash":
             os._exit(17)  # a crashed rank: no cleanup, no goodbye
         else:

@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             model,
             mesh,
             exporter=make_exporter(cfg, rank),
+            heartbeat_url=cfg.collector or "",  # every rank's own liveness, to the watchdog
             run_id=resumed.run_id if resumed else cfg.run_id,
             first_step=first_step,
             total_steps=cfg.steps,

@@ -1,0 +1,104 @@
+"""Real 4-rank runs (torchrun, gloo) against a live collector: an injected crash raises one
+rank_lost naming the crashed rank, an injected hang raises a hang naming the hung rank.
+
+The watchdog gets short thresholds so the tests take seconds; they assert on who is named,
+never on how fast (bench/liveness.py measures that)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from tests.conftest import free_port, wait_until
+from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
+from trainvitals.collector.main import create_app
+from trainvitals.collector.settings import Settings
+from trainvitals.trainer.launch import torchrun_command
+
+# Heartbeats every 2 s: silent for 3 of them is lost; 8 s without a step is a hang (the
+# tiny model's steps take well under a second here, even on a loaded machine).
+QUICK = LivenessSettings(silence_s=6.0, hang_floor_s=8.0, first_step_s=30.0, min_history=3)
+RANKS = 4
+
+
+class Collector:
+    """The collector app under uvicorn on a thread of this process (its watchdog can be
+    given test settings)."""
+
+    def __init__(self, store: Path) -> None:
+        self.app = create_app(Settings(store_path=str(store)))
+        self.url = f"http://127.0.0.1:{(port := free_port())}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started, timeout_s=30)
+        self.app.state.watchdog.watchdog = Watchdog(QUICK)
+
+    def query(self, sql: str) -> list[dict]:
+        return self.app.state.store.query(sql).to_pylist()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Collector]:
+    c = Collector(tmp_path / "store.duckdb")
+    yield c
+    c.stop()
+
+
+def start_trainer(url: str, fault: str) -> subprocess.Popen:
+    args = ["--dp", str(RANKS), "--steps", "60", "--log-every", "5", "--collector", url]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        torchrun_command(RANKS, [*args, "--inject", fault]),
+        stdout=subprocess.DEVNULL,
+        stderr=None if os.environ.get("TV_DEBUG") else subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # one process group: the hang test stops every rank at once
+    )
+
+
+def alerts(c: Collector, kind: str) -> list[dict]:
+    return c.query(f"SELECT * FROM alerts WHERE kind = '{kind}' ORDER BY time_unix_s")
+
+
+def test_a_crashed_rank_is_named_once(collector: Collector) -> None:
+    trainer = start_trainer(collector.url, "crash:rank=2,step=15")
+    try:
+        assert trainer.wait(120) != 0  # torchrun reports the crash
+    finally:
+        trainer.kill()
+    (lost,) = wait_until(lambda: alerts(collector, "rank_lost"), timeout_s=40)
+    assert lost["rank"] == 2 and "rank 2 (host " in lost["message"], lost
+    # The others went silent after it: still one alert, and no hang on a dead job.
+    wait_until(lambda: collector.app.state.watchdog.watchdog.open_runs() == [] or True)
+    assert len(alerts(collector, "rank_lost")) == 1
+    assert alerts(collector, "hang") == []
+    # The crashed rank's own record of its fault reached the store.
+    events = collector.query("SELECT rank, step FROM events WHERE kind = 'fault:crash'")
+    assert events == [{"rank": 2, "step": 15}]
+
+
+def test_a_hung_rank_is_named(collector: Collector) -> None:
+    trainer = start_trainer(collector.url, "hang:rank=1,step=40")
+    try:
+        (hang,) = wait_until(lambda: alerts(collector, "hang"), timeout_s=90)
+    finally:
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait(30)
+    assert hang["rank"] == 1, hang
+    assert "rank 1 (host " in hang["message"] and "step 40 is stuck" in hang["message"], hang
+    assert alerts(collector, "rank_lost") == []  # its heartbeats went on
+    events = collector.query("SELECT rank, step FROM events WHERE kind = 'fault:hang'")
+    assert {"rank": 1, "step": 40} in events
