@@ -1,0 +1,137 @@
+"""Heartbeats: the phases a training step goes through, what is sent and when, and that a dead
+collector or an ending process never troubles training."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+
+import orjson
+import pytest
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from tests.conftest import free_port, wait_until
+from trainvitals.hooks import attach
+
+
+class Receiver:
+    """A collector stand-in on 127.0.0.1 that keeps every heartbeat row it is sent."""
+
+    def __init__(self) -> None:
+        rows = self.rows = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                doc = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
+                cols = doc["heartbeats"]
+                rows.extend(
+                    dict(zip(cols, values, strict=True))
+                    for values in zip(*cols.values(), strict=True)
+                )
+                self.send_response(202)
+                self.end_headers()
+
+            def log_message(self, *_args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def test_a_step_goes_through_its_phases() -> None:
+    m = model()
+    monitor = attach(m, log_every=1000)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    live = monitor.liveness
+    seen = []
+    hook = register_optimizer_step_pre_hook(lambda *_: seen.append(live.phase))
+    try:
+        assert (live.phase, live.step_started, live.step_finished) == ("idle", -1, -1)
+        loss = m(torch.randn(4, 8)).square().mean()
+        assert (live.phase, live.step_started) == ("forward", 0)
+        loss.backward()
+        assert live.phase == "backward"
+        monitor.step(loss=loss, tokens=4)
+        assert (live.phase, live.step_finished) == ("data_wait", 0)
+        opt.step()
+        assert seen == ["optimizer"] and live.phase == "data_wait"
+        with torch.no_grad():
+            m(torch.randn(4, 8))  # an evaluation is not the next step
+        assert (live.phase, live.step_started) == ("data_wait", 0)
+    finally:
+        hook.remove()
+        monitor.close()
+
+
+def test_every_interval_a_heartbeat_and_ended_at_close(receiver: Receiver) -> None:
+    m = model()
+    monitor = attach(m, heartbeat_url=receiver.url, heartbeat_interval_s=0.05, log_every=1000)
+    for _ in range(3):
+        loss = m(torch.randn(4, 8)).square().mean()
+        loss.backward()
+        monitor.step(loss=loss, tokens=4)
+    wait_until(lambda: len(receiver.rows) >= 3)
+    monitor.close()
+    first, last = receiver.rows[0], receiver.rows[-1]
+    assert first["phase"] == "idle" and first["rank"] == 0
+    assert (last["phase"], last["step_finished"]) == ("ended", 2)
+    assert monitor.heartbeat.failed == 0
+    n = len(receiver.rows)
+    monitor.close()  # a second close sends nothing more
+    assert len(receiver.rows) == n
+
+
+def test_a_dead_collector_is_counted_and_training_goes_on() -> None:
+    m = model()
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monitor = attach(m, heartbeat_url=dead, heartbeat_interval_s=0.02, log_every=1000)
+    for _ in range(5):
+        loss = m(torch.randn(4, 8)).square().mean()
+        loss.backward()
+        monitor.step(loss=loss, tokens=4)
+    wait_until(lambda: monitor.heartbeat.failed >= 2)
+    monitor.close()
+    assert monitor.heartbeat.sent == 0
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"), [("raise SystemExit(3)", 3), ("os.kill(os.getpid(), signal.SIGTERM)", -15)]
+)
+def test_a_process_ending_without_close_says_exited(
+    receiver: Receiver, ending: str, code: int
+) -> None:
+    """An error exit (atexit) or torchrun's SIGTERM: a last heartbeat of phase "exited"."""
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from trainvitals.hooks import attach
+        m = torch.nn.Linear(4, 4)
+        monitor = attach(m, heartbeat_url={receiver.url!r}, heartbeat_interval_s=60)
+        {ending}
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == code, done.stderr
+    assert [r["phase"] for r in receiver.rows] == ["idle", "exited"]
