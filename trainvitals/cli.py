@@ -180,7 +180,13 @@ def _analyze(args: argparse.Namespace, _rest: list[str]) -> int:
 
     from trainvitals.analyzer.offline import analyze_file
 
-    overrides = {k: v for k, v in (("step", args.step_column), ("loss", args.loss_column)) if v}
+    named = {
+        "step": args.step_column,
+        "loss": args.loss_column,
+        "grad_norm": args.grad_norm_column,
+        "lr": args.lr_column,
+    }
+    overrides = {k: v for k, v in named.items() if v}
     for alert in analyze_file(Path(args.file), overrides):
         sys.stdout.buffer.write(orjson.dumps(alert.to_dict()) + b"\n")
     return 0
@@ -370,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help=".csv or .parquet with a step column and a loss column")
     p.add_argument("--step-column", default="", help="name of the step column, if not guessed")
     p.add_argument("--loss-column", default="", help="name of the loss column, if not guessed")
+    p.add_argument(
+        "--grad-norm-column", default="", help="name of the gradient-norm column, if not guessed"
+    )
+    p.add_argument(
+        "--lr-column", default="", help="name of the learning-rate column, if not guessed"
+    )
     p.set_defaults(func=_analyze)
 
     p = sub.add_parser(
