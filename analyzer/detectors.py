@@ -428,12 +428,12 @@ class LossSpikeDetector:
     def _spike(self, s: StepView, rise: float, z: float, grad: tuple[float, float] | None) -> Alert:
         self._quiet_until = s.step + self.settings.cooldown_steps
         baseline = s.loss / math.exp(rise)
-        size = f"({z:.1f} robust std devs)" if z < 1e3 else "(a flat baseline)"
+        size = _deviations(z)
         jump = (
             ""
             if grad is None
             else f"; gradient norm {s.grad_norm:.3g} is {math.exp(grad[0]):.1f}x its recent "
-            f"median ({grad[1]:.1f} robust std devs)"
+            f"median {_deviations(grad[1])}"
         )
         layer, stat, layer_part = self._layer_evidence(s)
         rank, rank_part = self._rank_evidence(s)
@@ -477,6 +477,11 @@ class LossSpikeDetector:
             f"local loss above its data-parallel peers' median: {each}{more} (that rank's "
             "data or arithmetic produced the spike)"
         )
+
+
+def _deviations(z: float) -> str:
+    """How far above its level a value stood, for a message."""
+    return f"({z:.1f} robust std devs)" if z < 1e3 else "(a flat baseline)"
 
 
 def _log_or_nan(v: float | None) -> float:

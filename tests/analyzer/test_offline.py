@@ -128,3 +128,27 @@ def test_analyze_flags_a_loss_climbing_from_3_to_40(tmp_path: Path) -> None:
     (alert,) = [a for a in analyze_file(path) if a.kind == "loss_diverging"]
     assert onset <= alert.start_step and alert.step - onset <= 50
     assert "Data:" not in alert.message  # a file has no collector to query
+
+
+def test_analyze_takes_grad_norm_and_lr_columns_by_name(tmp_path: Path) -> None:
+    loss = _noisy_loss(600, 1, 0.03)
+    loss[400] *= 1.15
+    gn = [1.0] * 600
+    gn[400] = 3.0
+    columns = {"it": list(range(600)), "objective": loss, "gn": gn, "rate": [1e-3] * 600}
+    path = _export(tmp_path / "odd_names.parquet", columns)
+    flags = ["--step-column", "it", "--loss-column", "objective"]
+    named = [*flags, "--grad-norm-column", "gn", "--lr-column", "rate"]
+    runs = {
+        tuple(extra): subprocess.run(
+            [sys.executable, "-m", "trainvitals", "analyze", str(path), *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for extra in (flags, named)
+    }
+    assert [r.returncode for r in runs.values()] == [0, 0], [r.stderr for r in runs.values()]
+    assert runs[tuple(flags)].stdout == ""  # +15% alone is no spike
+    (line,) = runs[tuple(named)].stdout.splitlines()
+    assert '"kind":"loss_spike"' in line and '"step":400' in line
