@@ -70,7 +70,12 @@ def name_layer(run: RunInfo, index: int) -> str:
 
 def name_rank(run: RunInfo, rank: int) -> str:
     """'rank 3 on host-b', or 'rank 3' when the run did not say where rank 3 runs."""
-    return f"rank {int(rank)}{_on(_host(run, rank))}"
+    return rank_on(rank, _host(run, rank))
+
+
+def rank_on(rank: int, host: str) -> str:
+    """'rank 3 on host-b' from a host known otherwise (a heartbeat carries its own)."""
+    return f"rank {int(rank)}{_on(host)}"
 
 
 def name_ranks(run: RunInfo, ranks: Sequence[int], limit: int = _LIST_LIMIT) -> str:

@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 
 from trainvitals.analyzer import Analyzer
-from trainvitals.analyzer.runinfo import RunInfo, name_layer, name_rank, name_ranks
+from trainvitals.analyzer.runinfo import RunInfo, name_layer, name_rank, name_ranks, rank_on
 
 NAMES = ("tok_embeddings", "layers.0", "layers.1", "norm", "output")
 HOSTS = ("host-a", "host-a", "host-b", "host-b")
@@ -29,6 +29,7 @@ def test_ranks_are_named_with_their_host() -> None:
     run = RunInfo(hosts=HOSTS)
     assert name_rank(run, 3) == "rank 3 on host-b"
     assert name_rank(RunInfo(), 3) == "rank 3"
+    assert rank_on(3, "host-b") == "rank 3 on host-b" and rank_on(3, "") == "rank 3"
     assert name_ranks(run, [2, 3]) == "ranks 2, 3 on host-b"
     assert name_ranks(run, [1, 2]) == "ranks 1 on host-a, 2 on host-b"
     assert name_ranks(run, [3]) == "rank 3 on host-b"
