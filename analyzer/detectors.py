@@ -17,7 +17,7 @@ from .alerts import Alert
 from .attribution import MAD_TO_SIGMA, LayerHistory, RankLossHistory
 from .lr_schedule import WarmRestarts
 from .rolling import RollingWindow, median_of_sorted
-from .runinfo import name_layer
+from .runinfo import name_layer, name_rank
 from .runinfo import name_ranks as name_ranks_of_run
 from .views import LayerView, RankView, StepView
 
@@ -470,7 +470,7 @@ class LossSpikeDetector:
             return None, why
         ids = s.ranks.rank[named].tolist()
         each = ", ".join(
-            f"rank {r} {math.exp(x):.2f}x" for r, x in zip(ids[:4], d[:4], strict=True)
+            f"{name_rank(s.run, r)} {math.exp(x):.2f}x" for r, x in zip(ids[:4], d[:4], strict=True)
         )
         more = f" and {len(ids) - 4} more" if len(ids) > 4 else ""
         return ids[0], (

@@ -50,6 +50,18 @@ def test_the_rank_with_the_bad_batch_is_named() -> None:
     assert "rank 5 " in alert.message and "data-parallel peers' median" in alert.message
 
 
+def test_the_rank_with_the_bad_batch_is_named_with_its_host() -> None:
+    def fault(step: int, cols: dict) -> None:
+        if step == SPIKE:
+            cols["ranks"]["loss"][5] *= 8
+            cols["steps"]["loss"] = cols["ranks"]["loss"].mean()
+
+    hosts = RunInfo(hosts=tuple(f"node-{r // 4}" for r in range(8)))
+    views = (replace(v, run=hosts) for v in fleet(200, ranks=8, seed=2, fault=fault))
+    (alert,) = run(LossSpikeDetector(), views)
+    assert alert.rank == 5 and "rank 5 on node-1 " in alert.message
+
+
 def test_with_tensor_parallelism_both_ranks_of_the_replica_are_named() -> None:
     # dp=4 x tp=2: ranks 4 and 5 are data-parallel index 2 and share its batch.
     def fault(step: int, cols: dict) -> None:
