@@ -121,10 +121,15 @@ class ReplicaDetector:
         disputed = np.zeros(len(r), bool)
         disputed[wrong] = True
         disputed |= np.isin(r.replica_group, split) & np.isfinite(r.replica_fingerprint)
+        # The path a rank's gradients take into other groups' copies: its tp index (global
+        # rank = dp_index * tp + tp_index). Without tensor parallelism a gradient
+        # reduction reaches every replica alike and makes none disagree: each rank is a
+        # path of its own, so every disagreement is its group's own.
+        path = r.rank % r.tp if r.tp > 1 else r.rank
         blame = _blame(
             r.rank,
             r.replica_group,
-            r.rank % r.tp,  # tp index: global rank = dp_index * tp + tp_index
+            path,
             disputed,
             {int(g) for g in split},
             self.suspects.named(),
@@ -215,10 +220,9 @@ class _Blame:
             if named:
                 parts.append(
                     f"{name_ranks(run, named)} hold{'s' if len(named) == 1 else ''} a copy "
-                    f"that differs from the majority of replica group {g}, and no other group "
-                    "disagrees at its tp index: silent corruption in its arithmetic or memory "
-                    "(or a missed update); drain the node and restore the replica from a "
-                    "healthy peer"
+                    f"that differs from the majority of replica group {g}: silent corruption "
+                    "in its arithmetic or memory (or a missed update); drain the node and "
+                    "restore the replica from a healthy peer"
                 )
             else:
                 parts.append(

@@ -173,3 +173,16 @@ def test_peer_outlier_settings_name_the_bad_field() -> None:
     fault = _layout(tp=1, faulty=3, after=100, canary=False, outlier=True)
     assert run(stricter, fleet(108, ranks=8, seed=1, fault=fault)) == []  # 8 hits, not 10
     assert run(PeerOutlierDetector(), fleet(108, ranks=8, seed=1, fault=fault)) != []
+
+
+def test_without_tensor_parallelism_each_disagreeing_group_is_its_own() -> None:
+    # tp = 1: gradients reach every replica alike, so two groups that disagree hold two
+    # faults, one each: both outvoted members are named (no canary needed).
+    def fault(step: int, cols: dict) -> None:
+        if step >= 30 and step % 10 == 0:
+            cols["ranks"]["replica_fingerprint"][[2, 5]] += 1
+
+    (alert,) = run(ReplicaDetector(), fleet(40, ranks=8, replica_groups=2, fault=fault))
+    assert alert.rank == 2 and "none is blamed" not in alert.message
+    assert "rank 2 holds a copy that differs from the majority of replica group 0" in alert.message
+    assert "rank 5 holds a copy that differs from the majority of replica group 1" in alert.message
