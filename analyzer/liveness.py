@@ -161,7 +161,7 @@ class Watchdog:
                     alerts += self._heard(run_id, run, received_s, *item)
                 else:
                     alerts += self._end(run_id, run, received_s, "the run reported its end")
-            alerts += self._fire(run_id, run, now_s)
+            alerts += self._fire(run_id, run, now_s, inclusive=True)
             if not run.pending and self._forgettable(run, now_s):
                 del self._runs[run_id]
         return alerts
@@ -247,8 +247,12 @@ class Watchdog:
             return s.first_step_s
         return max(s.hang_intervals * statistics.median(run.per_step_s), s.hang_floor_s)
 
-    def _fire(self, run_id: str, run: _Run, before_s: float) -> list[Alert]:
-        """Every deadline of `run` earlier than `before_s`, in time order."""
+    def _fire(
+        self, run_id: str, run: _Run, before_s: float, inclusive: bool = False
+    ) -> list[Alert]:
+        """Every deadline of `run` earlier than `before_s` (a heartbeat received at a
+        deadline is in time), or at it too (`inclusive`: the clock reads `before_s`), in
+        time order."""
         out: list[Alert] = []
         while True:
             silence = self._next_silence(run)
@@ -256,7 +260,7 @@ class Watchdog:
             if not run.ended and run.hang is None and run.lost is None and run.ranks:
                 hang_at = run.progress_s + self.hang_threshold_s(run)
             at = min(silence[0] if silence else math.inf, hang_at)
-            if at >= before_s:
+            if at > before_s or (at == before_s and not inclusive):
                 break
             if silence and silence[0] == at:
                 heapq.heappop(run.deadlines)

@@ -24,11 +24,13 @@ from typing import Any
 
 import duckdb
 
-from trainvitals.schema import EVENTS, LAYERS, RANKS, RUNS, STEPS, STORE_TABLES
+from trainvitals.schema import EVENTS, HEARTBEATS, LAYERS, RANKS, RUNS, STEPS, STORE_TABLES
 
 from .alerts import Alert
+from .config import AnalyzerConfig
 from .engine import Analyzer
 from .goodput import Goodput, goodput
+from .liveness import HANG, RANK_LOST, LivenessSettings, Watchdog
 
 CHUNK_STEPS = 10_000  # steps per read: bounded memory on a run of any length
 
@@ -84,11 +86,15 @@ def _columns(table: Any) -> str:
     return ", ".join(["run_id", *(f.name for f in table.fields)])
 
 
-def replay_store(con: duckdb.DuckDBPyConnection) -> Iterator[Alert]:
-    """Every alert the detectors raise over every run of the store, run by run, in step order."""
+def replay_store(
+    con: duckdb.DuckDBPyConnection, config: AnalyzerConfig | None = None
+) -> Iterator[Alert]:
+    """Every alert the detectors raise over every run of the store, run by run, in step order,
+    with the detector settings of `config` (the defaults when None): to reproduce the live
+    alerts, the configuration the collector ran with."""
     runs = con.sql("SELECT DISTINCT run_id FROM steps ORDER BY run_id").fetchall()
     for (run_id,) in runs:
-        analyzer = Analyzer()
+        analyzer = Analyzer(config=config)
         meta = con.sql(
             f"SELECT {_columns(RUNS)} FROM runs WHERE run_id = $1", params=[run_id]
         ).to_arrow_table()
@@ -111,6 +117,39 @@ def replay_store(con: duckdb.DuckDBPyConnection) -> Iterator[Alert]:
             ).to_arrow_table()
             events_done = window[2]
             yield from analyzer.observe(run_id, tables)
+    yield from replay_liveness(con)
+
+
+def replay_liveness(
+    con: duckdb.DuckDBPyConnection, settings: LivenessSettings | None = None
+) -> Iterator[Alert]:
+    """rank_lost and hang from the stored heartbeats: the collector's watchdog, driven by a
+    simulated clock over their receive times (alert times are deadlines, so this is what
+    the live ticks raised). The clock stops where the collector is known to have been
+    running: its last stored heartbeat or liveness alert, whichever is later; a deadline
+    after that was never reached live either."""
+    ((end_s,),) = con.sql(
+        "SELECT greatest((SELECT max(received_unix_s) FROM heartbeats), (SELECT max("
+        f"time_unix_s) FROM alerts WHERE kind IN ('{RANK_LOST}', '{HANG}')))"
+    ).fetchall()
+    runs = con.sql("SELECT DISTINCT run_id FROM heartbeats ORDER BY run_id").fetchall()
+    for (run_id,) in runs:
+        watchdog = Watchdog(settings or LivenessSettings())
+        watchdog.observe(
+            run_id,
+            con.sql(
+                f"SELECT {_columns(HEARTBEATS)} FROM heartbeats WHERE run_id = $1 "
+                "ORDER BY received_unix_s, rank",
+                params=[run_id],
+            ).to_arrow_table(),
+        )
+        ((ended_s,),) = con.sql(
+            "SELECT min(time_unix_s) FROM events WHERE run_id = $1 AND kind = 'run_end'",
+            params=[run_id],
+        ).fetchall()
+        if ended_s is not None:
+            watchdog.end_run(run_id, ended_s)
+        yield from watchdog.advance(end_s)
 
 
 def store_goodput(con: duckdb.DuckDBPyConnection) -> list[Goodput]:

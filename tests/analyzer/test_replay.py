@@ -147,7 +147,7 @@ def test_replay_refuses_what_is_not_a_trainvitals_store(tmp_path: Path) -> None:
         other: f"error: {other} is not a trainvitals store: it has no steps table with run_id "
         "and step columns (its tables: trades)",
         tmp_path / "folder": f"error: {tmp_path / 'folder'} is not a trainvitals export: "
-        "no table folder (runs, steps, layers, ranks, events, alerts)",
+        "no table folder (runs, steps, layers, ranks, events, alerts, heartbeats)",
         tmp_path / "notes.txt": f"error: cannot open {tmp_path / 'notes.txt'} read-only: ",
     }
     for path, message in cases.items():

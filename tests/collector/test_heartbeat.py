@@ -99,3 +99,23 @@ def test_the_watchdog_names_a_silent_rank_without_any_step(client) -> None:
     assert 'trainvitals_alerts_total{kind="rank_lost",rank="1",run_id="r1"} 1.0' in (
         client.get("/metrics").text
     )
+
+
+def test_replay_of_the_stored_heartbeats_raises_the_live_alerts(client) -> None:
+    from trainvitals.analyzer.replay import comparable, replay_liveness
+
+    watchdog = client.app.state.watchdog
+    now = [time.time()]
+    watchdog.clock = lambda: now[0]
+    for step in range(3):  # rank 1 stops after the first heartbeat; rank 0 goes on
+        ranks = [0, 1] if step == 0 else [0]
+        doc = beat(ranks=ranks, step_started=[step] * len(ranks), step_finished=[step] * len(ranks))
+        assert client.post(URL, json=doc).status_code == 202
+    now[0] = time.time() + 30
+    watchdog.tick()
+    store = client.app.state.store
+    live = store.query("SELECT * FROM alerts").to_pylist()
+    assert [(a["kind"], a["rank"]) for a in live] == [("rank_lost", 1), ("rank_lost", 0)][:1]
+    replayed = [a.to_dict() for a in replay_liveness(store.cursor())]
+    assert sorted(map(comparable, replayed)) == sorted(map(comparable, live))
+    assert [a["time_unix_s"] for a in replayed] == [a["time_unix_s"] for a in live]

@@ -25,6 +25,6 @@ def test_replay_refuses_a_folder_that_is_not_an_export(tmp_path, monkeypatch, co
     message = str(stopped.value.code)
     assert message == (
         f"error: {tmp_path} is not a trainvitals export: no table folder (runs, steps, "
-        "layers, ranks, events, alerts); `trainvitals export STORE OUT` writes "
+        "layers, ranks, events, alerts, heartbeats); `trainvitals export STORE OUT` writes "
         "OUT/<table>/run_id=<id>/*.parquet. To serve a store, name its DuckDB file"
     )
