@@ -105,7 +105,7 @@ class CanaryDetector:
         return [self._alert(s, new, len(wrong_ranks), n)] if new else []
 
     def _alert(self, s: StepView, ranks: list[int], n_wrong: int, n_ranks: int) -> Alert:
-        who = f"{name_ranks(s.run, ranks)}:" if ranks else "the ranks':"
+        who = f"{name_ranks(s.run, ranks)}:" if ranks else "the ranks'"
         return Alert.at(
             s,
             kind=self.kind,
