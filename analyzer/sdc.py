@@ -260,9 +260,9 @@ class PeerOutlierDetector:
                 severity="warning",
                 message=(
                     f"{name_ranks(s.run, ids)} persistently stand{'s' if len(ids) == 1 else ''} "
-                    f"apart from {'its' if len(ids) == 1 else 'their'} data-parallel peers: "
-                    f"{name_rank(s.run, ids[0])}'s {'; '.join(lines)}. Peers hold the same model "
-                    "shard, so this "
+                    f"apart from {'its' if len(ids) == 1 else 'their'} data-parallel peers"
+                    + ("" if len(ids) == 1 else f"; {name_rank(s.run, ids[0])}")
+                    + f": {'; '.join(lines)}. Peers hold the same model shard, so this "
                     "points at the rank's device (SDC) or its data; check its canary. Data: "
                     + data_query(s.run_id, "ranks", signal, s.step - cfg.window, s.step)
                 ),

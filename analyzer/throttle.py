@@ -166,8 +166,9 @@ class ThrottleDetector:
                 kind=self.kind,
                 severity="warning",
                 message=(
-                    f"{name_ranks(s.run, ids)} throttled at step {s.step}: "
-                    f"{name_rank(s.run, ids[0])}: "
+                    f"{name_ranks(s.run, ids)} throttled at step {s.step}"
+                    + ("" if len(ids) == 1 else f"; {name_rank(s.run, ids[0])}")
+                    + ": "
                     + "; ".join(parts)
                     + ". It slows the whole synchronous job; check its cooling, power "
                     "capping and the node's power supply. Data: "
