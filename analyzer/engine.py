@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .alerts import Alert
+from .config import AnalyzerConfig
 from .detectors import LossSpikeDetector, NonFiniteDetector
 from .divergence import DivergenceDetector
 from .runinfo import UNKNOWN, RunInfo
@@ -54,17 +55,19 @@ _STEP_FLOATS = (
 )
 
 
-def default_detectors() -> list:
-    """A fresh set of detectors for one run."""
+def default_detectors(config: AnalyzerConfig | None = None) -> list:
+    """A fresh set of detectors for one run, with the settings of `config` (or defaults)."""
+    c = config or AnalyzerConfig()
     return [
-        NonFiniteDetector(),
-        LossSpikeDetector(),
-        DivergenceDetector(),
-        StragglerDetector(),
-        *sdc_detectors(),  # canary, peer outliers, replica: one shared board of suspects
-        StallDetector(),
-        ThrottleDetector(),
-        ThroughputDropDetector(),
+        NonFiniteDetector(c.nonfinite),
+        LossSpikeDetector(c.loss_spike),
+        DivergenceDetector(c.divergence),
+        StragglerDetector(c.straggler),
+        # canary, peer outliers, replica: one shared board of suspects
+        *sdc_detectors(c.canary, c.replica, c.peer_outlier),
+        StallDetector(c.stall),
+        ThrottleDetector(c.throttle),
+        ThroughputDropDetector(c.throughput),
     ]
 
 
@@ -77,8 +80,19 @@ class _Run:
 
 
 class Analyzer:
-    def __init__(self, make_detectors: Callable[[], list] = default_detectors) -> None:
-        self._make = make_detectors
+    """The detectors of every run, fed in step order (a fresh set per run).
+
+    `config`: the detector settings (analyzer/config.py), defaults when None;
+    `make_detectors`: another set of detectors, for tests and `analyze` (it ignores config).
+    """
+
+    def __init__(
+        self,
+        make_detectors: Callable[[], list] | None = None,
+        config: AnalyzerConfig | None = None,
+    ) -> None:
+        self.config = config or AnalyzerConfig()
+        self._make = make_detectors or (lambda: default_detectors(self.config))
         self._runs: dict[str, _Run] = {}
 
     def observe(self, run_id: str, tables: dict[str, Any]) -> list[Alert]:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .stall import StallDetector, is_stall
+from .stall import StallSettings, is_stall
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,8 @@ def goodput(
     run_id: str,
     steps: dict[str, list],
     events: dict[str, list],
-    min_gap_s: float = StallDetector.min_gap_s,
-    min_intervals: float = StallDetector.min_intervals,
+    min_gap_s: float = StallSettings.min_gap_s,
+    min_intervals: float = StallSettings.min_intervals,
 ) -> Goodput:
     """Goodput of one run from its steps columns (step, time_unix_s, step_time_s) and
     events columns (step, kind, detail, time_unix_s), as pydict columns."""

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from trainvitals.schema import STEP_BOUNDS
 
+from .config import AnalyzerConfig
 from .detectors import LossSpikeDetector, NonFiniteDetector
 from .divergence import DivergenceDetector
 from .engine import Analyzer
@@ -156,22 +157,26 @@ def _check_steps(steps: np.ndarray, name: str) -> None:
         )
 
 
-def step_detectors() -> list:
+def step_detectors(config: AnalyzerConfig | None = None) -> list:
+    """The detectors that need only the steps table, with the settings of `config`."""
+    c = config or AnalyzerConfig()
     return [
-        NonFiniteDetector(),
-        LossSpikeDetector(),
-        DivergenceDetector(),
-        ThroughputDropDetector(),
+        NonFiniteDetector(c.nonfinite),
+        LossSpikeDetector(c.loss_spike),
+        DivergenceDetector(c.divergence),
+        ThroughputDropDetector(c.throughput),
     ]
 
 
-def analyze_file(path: Path, overrides: dict[str, str] | None = None) -> list:
+def analyze_file(
+    path: Path, overrides: dict[str, str] | None = None, config: AnalyzerConfig | None = None
+) -> list:
     """The step detectors' alerts over a CSV or Parquet file; ValueError names the file and
     what in it cannot be analysed."""
     try:
         steps = map_columns(read_table(path), overrides or {})
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
-    alerts = Analyzer(step_detectors).observe(path.stem, {"steps": steps})
+    alerts = Analyzer(lambda: step_detectors(config)).observe(path.stem, {"steps": steps})
     # A message ends with the collector's query paths to its evidence; a file has none.
     return [replace(a, message=a.message.split(" Data: ")[0]) for a in alerts]

@@ -35,12 +35,38 @@ def is_stall(gap_s: float, steps: int, per_step_s: float, min_gap_s: float, k: f
     return gap_s > min_gap_s and gap_s > k * per_step_s * steps
 
 
+@dataclass(frozen=True)
+class StallSettings:
+    """Thresholds of the stall detector (section "stall")."""
+
+    # A gap in the telemetry shorter than this never counts, in seconds: a checkpoint save
+    # or an evaluation pauses a job for tens of seconds as a matter of course.
+    min_gap_s: float = 60.0
+    # ... and it must also exceed this many typical times per step (times the steps it
+    # spans): 10x is a pause, not noise, on any step time.
+    min_intervals: float = 10.0
+    # Gaps between logged steps whose median is the typical time per step.
+    window: int = 50
+    # Gaps needed before the typical time is trusted.
+    min_history: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.min_gap_s > 0:
+            raise ValueError(f"stall.min_gap_s must be > 0 seconds, got {self.min_gap_s!r}")
+        if not self.min_intervals > 1:
+            raise ValueError(f"stall.min_intervals must be > 1, got {self.min_intervals!r}")
+        if self.window < 1:
+            raise ValueError(f"stall.window must be >= 1, got {self.window!r}")
+        if not 1 <= self.min_history <= self.window:
+            raise ValueError(
+                f"stall.min_history must be in 1..stall.window ({self.window}), "
+                f"got {self.min_history!r}"
+            )
+
+
 @dataclass
 class StallDetector:
-    min_gap_s: float = 60.0
-    min_intervals: float = 10.0
-    window: int = 50
-    min_history: int = 5
+    settings: StallSettings = field(default_factory=StallSettings)
     kind: str = "stall"
     _per_step: RollingWindow = field(init=False, repr=False)  # seconds per step
     _gaps: RollingWindow = field(init=False, repr=False)  # seconds between logged steps
@@ -53,18 +79,14 @@ class StallDetector:
     _silent: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), repr=False)
 
     def __post_init__(self) -> None:
-        if self.min_gap_s <= 0 or self.min_intervals <= 1 or self.min_history < 1:
-            raise ValueError(
-                "StallDetector: need min_gap_s > 0, min_intervals > 1, min_history >= 1"
-            )
-        self._per_step = RollingWindow(self.window)
-        self._gaps = RollingWindow(self.window)
+        self._per_step = RollingWindow(self.settings.window)
+        self._gaps = RollingWindow(self.settings.window)
 
     def observe(self, s: StepView) -> list[Alert]:
         t = s.time_unix_s
         if t is None or not math.isfinite(t):
             return []
-        ready = len(self._per_step) >= self.min_history
+        ready = len(self._per_step) >= self.settings.min_history
         parts, rank, value, baseline = [], None, None, None
         start = s.step
         if self._prev is not None:
@@ -72,7 +94,8 @@ class StallDetector:
             gap, n = t - t0, s.step - step0
             if gap >= 0 and n > 0:
                 per_step = self._per_step.median() if ready else math.nan
-                if ready and is_stall(gap, n, per_step, self.min_gap_s, self.min_intervals):
+                cfg = self.settings
+                if ready and is_stall(gap, n, per_step, cfg.min_gap_s, cfg.min_intervals):
                     rank, why = self._late_rank(s, gap - per_step * n)
                     parts.append(
                         f"the job made no progress for {gap:.0f} s between step {step0} and "
@@ -139,7 +162,7 @@ class StallDetector:
         if not ready:
             return np.empty(0, np.int64)
         age = s.time_unix_s - self._seen_t
-        bar = max(self.min_gap_s, self.min_intervals * self._gaps.median())
+        bar = max(self.settings.min_gap_s, self.settings.min_intervals * self._gaps.median())
         with np.errstate(invalid="ignore"):
             gone = np.flatnonzero((age > bar) & ~self._silent)  # NaN: never seen
         self._silent[gone] = True

@@ -14,6 +14,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from trainvitals.analyzer import Analyzer
+
 from . import heartbeat, ingest, metrics, otlp, query
 from .settings import Settings
 from .store import Store
@@ -32,9 +34,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        config = settings.analyzer()  # detector settings: file, TRAINVITALS_ANALYZER__*, --set
         store = Store(
             settings.store_path,
             read_only=settings.replay,
+            analyzer=Analyzer(config=config),
             queue_max_batches=settings.queue_max_batches,
             retention_days=settings.retention_days,
             memory_limit=settings.memory_limit,
@@ -43,7 +47,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.store = store
         # Liveness is judged on the clock, apart from the steps (collector/watchdog.py).
-        app.state.watchdog = None if settings.replay else LiveWatchdog(store)
+        app.state.watchdog = (
+            None if settings.replay else LiveWatchdog(store, settings=config.liveness)
+        )
         if app.state.watchdog is not None:
             app.state.watchdog.start()
         try:

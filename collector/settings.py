@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from trainvitals.analyzer.config import AnalyzerConfig
 
 from .memory import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
 
@@ -31,6 +35,17 @@ class Settings(BaseSettings):
     queue_max_batches: int = Field(
         1024, gt=0, description="batches waiting for the writer; beyond: 503"
     )
+    analyzer_config: str = Field(
+        "", description="detector settings file, TOML or JSON (analyzer/config.py)"
+    )
+    # `--set SECTION.FIELD=VALUE` flags; single settings also come from
+    # TRAINVITALS_ANALYZER__<SECTION>__<FIELD> variables, read by analyzer().
+    analyzer_set: list[str] = Field(default_factory=list, exclude=True)
+
+    def analyzer(self) -> AnalyzerConfig:
+        """The detector settings: the file, then TRAINVITALS_ANALYZER__* variables, then --set.
+        ValueError naming the setting and its source."""
+        return AnalyzerConfig.load(self.analyzer_config or None, self.analyzer_set, os.environ)
 
     @field_validator("store_path")
     @classmethod

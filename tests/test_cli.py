@@ -166,3 +166,38 @@ def test_simulate_writes_out_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
         cli.main([*SIM, "--out", str(out)])
     assert done.value.code == 0 and len(out.read_bytes().splitlines()) == 3
     assert [p.name for p in tmp_path.iterdir()] == ["sim.jsonl"]
+
+
+def test_config_prints_a_file_that_every_analyzer_command_reads_back(tmp_path) -> None:
+    r = _cli("config", "--set", "stall.min_gap_s=30")
+    assert r.returncode == 0 and "[stall]\nmin_gap_s = 30.0\n" in r.stdout
+    path = tmp_path / "analyzer.toml"
+    path.write_text(r.stdout)
+    again = _cli("config", "--analyzer-config", str(path))
+    assert again.returncode == 0 and again.stdout == r.stdout
+
+
+@pytest.mark.parametrize("command", ["collector", "replay", "analyze", "config"])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--set", "stall.min_gap_s=soon"], "--set: stall.min_gap_s must be a number, got 'soon'"),
+        (["--set", "stal.min_gap_s=3"], "--set: no detector section 'stal'"),
+        (["--analyzer-config", "{missing}"], "cannot read it"),
+    ],
+)
+def test_bad_detector_settings_get_one_line(tmp_path, command, flags, message) -> None:
+    store = tmp_path / "x.duckdb"
+    positional = {"replay": [str(store)], "analyze": [str(tmp_path / "x.csv")]}.get(command, [])
+    if command == "collector":
+        positional = ["--store", str(store)]
+    if command == "replay":  # a real (empty) store, so that only the settings are wrong
+        from trainvitals.collector.store import Store
+
+        Store(str(store)).close()
+    (tmp_path / "x.csv").write_text("step,loss\n0,2.0\n1,1.9\n")
+    flags = [f.format(missing=tmp_path / "missing.toml") for f in flags]
+    r = _cli(command, *positional, *flags)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert command != "collector" or not store.exists()

@@ -14,6 +14,8 @@ from trainvitals.trainer import config as train_config
 if TYPE_CHECKING:
     import duckdb
 
+    from trainvitals.analyzer.config import AnalyzerConfig
+
 
 def _train(args: argparse.Namespace, rest: list[str]) -> int:
     from trainvitals.trainer.launch import run
@@ -48,9 +50,14 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
             port=args.port,
             replay=args.replay,
             **({"ingest_token": args.token} if args.token else {}),
+            **({"analyzer_config": args.analyzer_config} if args.analyzer_config else {}),
+            **({"analyzer_set": args.set} if args.set else {}),
         )
+        settings.analyzer()  # the detector settings, checked before anything starts
     except ValidationError as e:
         return "error: " + "; ".join(map(_setting_error, e.errors()))
+    except ValueError as e:
+        return f"error: {e}"
     try:
         Store(args.store, read_only=args.replay, memory_limit=args.memory_limit).close()
     except StoreError as e:
@@ -75,6 +82,7 @@ _SETTING_FLAGS = {
     "port": "--port",
     "retention_days": "--retention-days",
     "memory_limit": "--memory-limit",
+    "analyzer_config": "--analyzer-config",
 }
 
 
@@ -130,6 +138,7 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
     from trainvitals.collector.store import Store, StoreError
 
     comparable_alerts = check_source(Path(args.store))  # ValueError: one line, from main
+    config = _analyzer_config(args)  # ValueError: one line, from main
     # The collector's read-only Store, as `collector --replay` reads: its views fill the
     # columns and tables an older store lacks with NULL, and serve an export folder too.
     try:
@@ -137,7 +146,7 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
     except StoreError as e:
         return f"error: {e}"
     try:
-        return _replay_store(store.cursor(), args, comparable_alerts)
+        return _replay_store(store.cursor(), args, comparable_alerts, config)
     except duckdb.Error as e:  # a damaged file, Parquet that cannot be read
         return f"error: cannot read {args.store}: {e}"
     finally:
@@ -145,14 +154,17 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
 
 
 def _replay_store(
-    con: duckdb.DuckDBPyConnection, args: argparse.Namespace, comparable_alerts: bool
+    con: duckdb.DuckDBPyConnection,
+    args: argparse.Namespace,
+    comparable_alerts: bool,
+    config: AnalyzerConfig,
 ) -> int:
     import orjson
 
     from trainvitals.analyzer.replay import comparable, replay_store, store_goodput, stored_alerts
 
     replayed = []
-    for alert in replay_store(con):
+    for alert in replay_store(con, config):
         replayed.append(alert.to_dict())
         sys.stdout.buffer.write(orjson.dumps(alert.to_dict()) + b"\n")
     if comparable_alerts:
@@ -187,9 +199,34 @@ def _analyze(args: argparse.Namespace, _rest: list[str]) -> int:
         "lr": args.lr_column,
     }
     overrides = {k: v for k, v in named.items() if v}
-    for alert in analyze_file(Path(args.file), overrides):
+    config = _analyzer_config(args)
+    for alert in analyze_file(Path(args.file), overrides, config):
         sys.stdout.buffer.write(orjson.dumps(alert.to_dict()) + b"\n")
     return 0
+
+
+def _analyzer_config(args: argparse.Namespace) -> AnalyzerConfig:
+    """The detector settings of --analyzer-config and --set (no environment variables: a
+    replay or an analysis should not depend on the shell it runs in)."""
+    from trainvitals.analyzer.config import AnalyzerConfig
+
+    return AnalyzerConfig.load(args.analyzer_config or None, args.set)
+
+
+def _config(args: argparse.Namespace, _rest: list[str]) -> int:
+    sys.stdout.write(_analyzer_config(args).to_toml())
+    return 0
+
+
+def _add_analyzer_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--analyzer-config", default="", metavar="FILE",
+        help="detector settings, TOML or JSON (`trainvitals config` prints the defaults)",
+    )  # fmt: skip
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        help="one detector setting, e.g. stall.min_gap_s=30 (repeatable; wins over the file)",
+    )  # fmt: skip
 
 
 def _export(args: argparse.Namespace, _rest: list[str]) -> int:
@@ -306,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-limit", default=DEFAULT_MEMORY_LIMIT,
         help=f"most memory the store's DuckDB may use, e.g. 4GB (default {DEFAULT_MEMORY_LIMIT})",
     )  # fmt: skip
+    _add_analyzer_flags(p)
     p.set_defaults(func=_collector)
 
     p = sub.add_parser(
@@ -365,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("store", help="DuckDB file of a stopped collector, or an export folder")
     p.add_argument("--check", action="store_true", help="exit 1 if replay and live differ")
+    _add_analyzer_flags(p)
     p.set_defaults(func=_replay)
 
     p = sub.add_parser(
@@ -382,7 +421,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lr-column", default="", help="name of the learning-rate column, if not guessed"
     )
+    _add_analyzer_flags(p)
     p.set_defaults(func=_analyze)
+
+    p = sub.add_parser(
+        "config",
+        help="print the detector settings in force, as a TOML file to start from",
+        description="Print every detector setting (defaults, then --analyzer-config, then --set) "
+        "as TOML that --analyzer-config reads back.",
+    )
+    _add_analyzer_flags(p)
+    p.set_defaults(func=_config)
 
     p = sub.add_parser(
         "export",
