@@ -7,6 +7,7 @@ alert never fires. So the names are checked against a real collector's /metrics.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,22 @@ def exported(tmp_path_factory) -> set[str]:
         ):
             response = client.post("/api/v1/ingest", content=b.to_json())
             assert response.status_code == 202, response.text
+        _lost_rank(client, "h")  # an active episode (trainvitals_alert_active)
         client.app.state.store.flush()
         text = client.get("/metrics").text
     return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _lost_rank(client: TestClient, run_id: str) -> None:
+    """A heartbeat, then silence until the watchdog's clock says the rank is lost."""
+    now = time.time()
+    cols = {"rank": [0], "time_unix_s": [now], "host": ["h"], "step_started": [3],
+            "step_finished": [2], "phase": ["forward"]}  # fmt: skip
+    doc = {"schema_version": 1, "run_id": run_id, "heartbeats": cols}
+    assert client.post("/api/v1/heartbeats", json=doc).status_code == 202
+    watchdog = client.app.state.watchdog
+    watchdog.clock = lambda: now + 60
+    assert [a.kind for a in watchdog.tick()] == ["rank_lost"]
 
 
 def _run_end(run_id: str, step: int) -> BatchBuilder:
