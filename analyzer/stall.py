@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .alerts import Alert
-from .detectors import data_query, name_ranks
+from .detectors import data_query
 from .rolling import RollingWindow
+from .runinfo import name_rank, name_ranks
 from .views import StepView
 
 
@@ -114,7 +115,7 @@ class StallDetector:
             since = int(self._seen_step[first])
             start = min(start, since)
             parts.append(
-                f"{name_ranks(ids.tolist())} reported nothing for "
+                f"{name_ranks(s.run, ids.tolist())} reported nothing for "
                 f"{t - self._seen_t[first]:.0f} s (last at step {since}) while the "
                 "other ranks went on: a dead exporter, a lost node, or a rank that left"
             )
@@ -137,18 +138,36 @@ class StallDetector:
         ]
 
     def _late_rank(self, s: StepView, excess_s: float) -> tuple[int | None, str]:
-        """The rank everybody waited for at the step that ended the gap, if that is clear."""
+        """The rank everybody waited for at the step that ended the gap, if that is clear:
+        the one the others waited for at the step's synchronisation point (wait_time_s),
+        else the one that alone spent the gap before its forward (data_time_s) or in its
+        own work (compute_time_s). The second covers backends whose waits do not show
+        where the others really waited (on gloo they wait inside FSDP's collectives)."""
         r = s.ranks
-        if r is None or len(r) < 2 or not np.isfinite(r.wait_time_s).all():
+        if r is None or len(r) < 2:
             return None, ""
-        late = int(np.argmin(r.wait_time_s))
-        others = float(np.median(np.delete(r.wait_time_s, late)))
-        if others < 0.5 * excess_s:
-            return None, "; no rank kept the others waiting (the whole job paused)"
-        return int(r.rank[late]), (
-            f"; the other ranks waited {others:.0f} s for rank {int(r.rank[late])}, the last "
-            "to arrive"
-        )
+        waits = np.isfinite(r.wait_time_s).all()
+        if waits:
+            late = int(np.argmin(r.wait_time_s))
+            others = float(np.median(np.delete(r.wait_time_s, late)))
+            if others >= 0.5 * excess_s:
+                return int(r.rank[late]), (
+                    f"; the other ranks waited {others:.0f} s for "
+                    f"{name_rank(s.run, r.rank[late])}, the last to arrive"
+                )
+        for column, doing in (("data_time_s", "waiting for its data"), ("compute_time_s", "")):
+            own = getattr(r, column)
+            if not np.isfinite(own).all():
+                continue
+            late = int(np.argmax(own))
+            others = float(np.median(np.delete(own, late)))
+            if own[late] - others >= 0.5 * excess_s:
+                what = f" {doing}" if doing else ""
+                return int(r.rank[late]), (
+                    f"; {name_rank(s.run, r.rank[late])} spent {own[late]:.0f} s{what} "
+                    f"({column}; the other ranks' median {others:.3g} s): the job waited for it"
+                )
+        return None, "; no rank kept the others waiting (the whole job paused)" if waits else ""
 
     def _silent_slots(self, s: StepView, ready: bool) -> np.ndarray:
         """Slots (positions in `_ranks`) of the ranks that just went silent."""

@@ -38,6 +38,7 @@ RANK_MARKED = ("grad_norm_local",)
 RANK_COLUMNS = (
     "step_time_s",
     "compute_time_s",
+    "data_time_s",
     "wait_time_s",
     "loss",
     "grad_norm_local",
@@ -108,6 +109,7 @@ class RankView:
     tp: int = 1
     step_time_s: np.ndarray = _NOTHING
     compute_time_s: np.ndarray = _NOTHING
+    data_time_s: np.ndarray = _NOTHING
     wait_time_s: np.ndarray = _NOTHING
     loss: np.ndarray = _NOTHING
     grad_norm_local: np.ndarray = _NOTHING

@@ -5,6 +5,8 @@ from __future__ import annotations
 import tracemalloc
 from dataclasses import replace
 
+import numpy as np
+
 from trainvitals.analyzer.stall import StallDetector
 from trainvitals.analyzer.views import RankView
 
@@ -28,6 +30,22 @@ def test_a_pause_of_the_whole_job_names_nobody() -> None:
 
     (alert,) = run(StallDetector(), fleet(150, fault=fault))
     assert (alert.step, alert.rank) == (100, None) and "no progress for 30" in alert.message
+
+
+def test_a_rank_that_paused_before_its_forward_is_named_by_its_data_time() -> None:
+    """A rank stuck 90 s before its forward (its data loader, say); the others waited inside
+    a collective, which their wait_time_s does not show (gloo), so only its data_time_s
+    tells who held the job up."""
+
+    def fault(step: int, cols: dict) -> None:
+        if step == 100:
+            cols["steps"]["dt"] += 90
+            cols["ranks"]["data_time_s"] = np.full(8, 0.01)
+            cols["ranks"]["data_time_s"][5] = 90.0
+
+    (alert,) = run(StallDetector(), fleet(150, fault=fault))
+    assert (alert.kind, alert.step, alert.rank) == ("stall", 100, 5)
+    assert "rank 5 spent 90 s waiting for its data (data_time_s" in alert.message
 
 
 def test_a_rank_that_stops_reporting_is_named() -> None:
