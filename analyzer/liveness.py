@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .alerts import Alert
+from .runinfo import rank_on
 
 RANK_LOST, HANG = "rank_lost", "hang"
 
@@ -295,7 +296,7 @@ class Watchdog:
             kind=RANK_LOST,
             severity="critical",
             message=(
-                f"rank {rank} (host {r.host}) {how}; last heard {self.settings.silence_s:g} s "
+                f"{rank_on(rank, r.host)} {how}; last heard {self.settings.silence_s:g} s "
                 f"before this alert, at step {r.started} (last finished {r.finished}, phase "
                 f"{r.phase}). The first rank of the run to go silent: ranks that go silent "
                 "after it are most likely torn down because of it"
@@ -362,8 +363,7 @@ def _attribute(ranks: dict[int, _Rank]) -> tuple[list[int], str]:
 
 def _names(ranks: dict[int, _Rank], ids: list[int]) -> str:
     shown = ", ".join(
-        f"rank {k} (host {ranks[k].host}, step {ranks[k].started}, {ranks[k].phase})"
-        for k in ids[:8]
+        f"{rank_on(k, ranks[k].host)} (step {ranks[k].started}, {ranks[k].phase})" for k in ids[:8]
     )
     more = f" and {len(ids) - 8} more" if len(ids) > 8 else ""
     return f"{shown}{more} {'has' if len(ids) == 1 else 'have'}"

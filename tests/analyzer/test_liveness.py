@@ -80,7 +80,7 @@ def test_a_crash_names_the_first_rank_to_go_silent_once() -> None:
     assert kinds(alerts) == [("rank_lost", "critical", 2)]
     last_heard = max(t for t, r, _ in beats if r == 2)
     assert alerts[0].time_unix_s == last_heard + 10.0  # deadline, not the tick
-    assert "rank 2 (host node1)" in alerts[0].message
+    assert "rank 2 on node1" in alerts[0].message
 
 
 def test_the_crashed_rank_is_named_even_when_the_others_say_goodbye_first() -> None:
@@ -104,7 +104,7 @@ def test_a_hang_names_the_rank_the_others_wait_for_and_resolves() -> None:
     alerts = feed(heartbeats(state, 4, 130), 0.5, 130)
     assert kinds(alerts) == [("hang", "critical", 3), ("hang", "resolved", 3)]
     hang, resolved = alerts
-    assert "rank 3 (host node1, step 299, data_wait) has not begun step 300" in hang.message
+    assert "rank 3 on node1 (step 299, data_wait) has not begun step 300" in hang.message
     assert hang.step == 300 and resolved.step > hang.step and resolved.start_step == 300
     assert 30 <= hang.value <= 35  # the 30 s floor: 10 x 0.1 s steps is less
 

@@ -95,7 +95,7 @@ def test_the_watchdog_names_a_silent_rank_without_any_step(client) -> None:
     watchdog.tick()
     alerts = client.app.state.store.query("SELECT kind, rank, message FROM alerts").to_pylist()
     assert [(a["kind"], a["rank"]) for a in alerts] == [("rank_lost", 1)]
-    assert "rank 1 (host node0)" in alerts[0]["message"]
+    assert "rank 1 on node0" in alerts[0]["message"]
     assert 'trainvitals_alerts_total{kind="rank_lost",rank="1",run_id="r1"} 1.0' in (
         client.get("/metrics").text
     )

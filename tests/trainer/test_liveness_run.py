@@ -80,7 +80,7 @@ def test_a_crashed_rank_is_named_once(collector: Collector) -> None:
     finally:
         trainer.kill()
     (lost,) = wait_until(lambda: alerts(collector, "rank_lost"), timeout_s=40)
-    assert lost["rank"] == 2 and "rank 2 (host " in lost["message"], lost
+    assert lost["rank"] == 2 and "rank 2 on " in lost["message"], lost
     # The others went silent after it: still one alert, and no hang on a dead job.
     wait_until(lambda: collector.app.state.watchdog.watchdog.open_runs() == [] or True)
     assert len(alerts(collector, "rank_lost")) == 1
@@ -98,7 +98,7 @@ def test_a_hung_rank_is_named(collector: Collector) -> None:
         os.killpg(trainer.pid, signal.SIGKILL)
         trainer.wait(30)
     assert hang["rank"] == 1, hang
-    assert "rank 1 (host " in hang["message"] and "step 40 is stuck" in hang["message"], hang
+    assert "rank 1 on " in hang["message"] and "step 40 is stuck" in hang["message"], hang
     assert alerts(collector, "rank_lost") == []  # its heartbeats went on
     events = collector.query("SELECT rank, step FROM events WHERE kind = 'fault:hang'")
     assert {"rank": 1, "step": 40} in events
