@@ -117,7 +117,7 @@ def replay_store(
             ).to_arrow_table()
             events_done = window[2]
             yield from analyzer.observe(run_id, tables)
-    yield from replay_liveness(con)
+    yield from replay_liveness(con, (config or AnalyzerConfig()).liveness)
 
 
 def replay_liveness(
