@@ -1,16 +1,21 @@
 """The collector's liveness watchdog: a thread that moves analyzer/liveness.py's clock on.
 
-The heartbeat router hands every committed heartbeat to `observe`; the thread calls
+The heartbeat router hands every validated heartbeat batch to `observe`; the thread calls
 `Watchdog.advance(clock() - lag_s)` every `tick_s`, so a crash or a hang is judged on time
 alone, never waiting for a steps row. Alerts take the analyzer's path: the alerts table and
 the /metrics counters (LiveState.count_alerts).
 
-Why `lag_s`: a heartbeat is stamped with its receive time before it is committed, and is
-given to the watchdog after the commit. Judging only up to `lag_s` ago means every
-heartbeat received by then has been taken, so the watchdog sees the heartbeats in receive
-order, as a replay of the store does, and both raise the same alerts. A commit slower than
-`lag_s` (an overloaded store) is counted in `Watchdog.late` and judged when it arrives.
-Cost: alerts come `lag_s` later.
+Heartbeats reach the store from here too, every tick, all runs' in one batch per run: one
+commit per heartbeat request cost 2.5 ms of collector CPU (DuckDB's transaction), a group
+of a tick's heartbeats 0.13 ms per request's worth (bench/heartbeat_scale.py). The price:
+the router answers 202 once a batch is validated and taken, and a collector killed (-9)
+loses the heartbeats of its last tick from the store (the watchdog had them).
+
+Why `lag_s`: a heartbeat is stamped with its receive time, then handed over here. Judging
+only up to `lag_s` ago means every heartbeat received by then has been taken, so the
+watchdog sees the heartbeats in receive order, as a replay of the store does, and both
+raise the same alerts. A hand-over later than `lag_s` (an overloaded collector) is counted
+in `Watchdog.late` and judged when it arrives. Cost: alerts come `lag_s` later.
 """
 
 from __future__ import annotations
@@ -21,15 +26,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
+
 from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
 
 from .analysis import _insert_alerts
-from .store import Store
+from .store import Store, StoreError
 
 log = logging.getLogger(__name__)
 
-LAG_S = 1.0  # commits take tens of ms (store.py); a second covers a busy writer
-TICK_S = 0.5  # how often the clock moves on: alerts are timed by deadline, not by tick
+LAG_S = 1.0  # the router's stamp to its hand-over takes under a millisecond; ample
+TICK_S = 0.5  # how often the clock moves on (alerts are timed by deadline, not by tick)
+# Heartbeat rows waiting for the store at most (about 40 s of 100,000 ranks every 2 s); a
+# store that takes none for longer loses the oldest, counted in `dropped_rows`.
+MAX_PENDING_ROWS = 2_000_000
 
 
 class LiveWatchdog:
@@ -49,27 +59,63 @@ class LiveWatchdog:
         self.lag_s = lag_s
         self.tick_s = tick_s
         self.errors = 0
+        self.dropped_rows = 0  # heartbeats the store never took (see MAX_PENDING_ROWS)
         self._lock = threading.Lock()
+        self._unstored: dict[str, list[pa.Table]] = {}  # by run, for the next store write
+        self._unstored_rows = 0
         self._ended: set[str] = set()  # runs whose run_end event the watchdog was told of
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def observe(self, run_id: str, heartbeats: Any) -> None:
-        """Committed heartbeats (a pyarrow table with received_unix_s)."""
+    def observe(self, run_id: str, heartbeats: pa.Table) -> None:
+        """Validated heartbeats (with received_unix_s): judged, and stored at the next tick."""
         with self._lock:
             self.watchdog.observe(run_id, heartbeats)
+            self._unstored.setdefault(run_id, []).append(heartbeats)
+            self._unstored_rows += heartbeats.num_rows
+
+    def flush(self) -> None:
+        """Hand the heartbeats taken so far to the store's writer (one batch per run)."""
+        with self._lock:
+            unstored, self._unstored, self._unstored_rows = self._unstored, {}, 0
+        for run_id, parts in unstored.items():
+            try:
+                done = self.store.submit(run_id, {"heartbeats": pa.concat_tables(parts)})
+            except StoreError:  # the writer is behind: kept for the next tick
+                self._keep(run_id, parts)
+                continue
+            done.add_done_callback(self._count_failure)
+
+    def _keep(self, run_id: str, parts: list[pa.Table]) -> None:
+        with self._lock:
+            self._unstored.setdefault(run_id, [])[:0] = parts  # before the newer ones
+            self._unstored_rows += sum(t.num_rows for t in parts)
+            while self._unstored_rows > MAX_PENDING_ROWS:
+                oldest = next(iter(self._unstored.values()))
+                lost = oldest.pop(0)
+                self._unstored_rows -= lost.num_rows
+                self.dropped_rows += lost.num_rows
+                self._unstored = {k: v for k, v in self._unstored.items() if v}
+
+    def _count_failure(self, done: Any) -> None:
+        if done.exception() is not None:  # the writer logged it; the rows are lost
+            self.errors += 1
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="trainvitals-watchdog", daemon=True)
         self._thread.start()
 
     def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread and hand what is left to the store (close it after this)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self.flush()
 
     def tick(self) -> list:
-        """Judge up to `clock() - lag_s`; store and count the alerts. Returns them."""
+        """Store the heartbeats taken; judge up to `clock() - lag_s`; store and count the
+        alerts. Returns them."""
+        self.flush()
         with self._lock:
             self._tell_run_ends()
             alerts = self.watchdog.advance(self.clock() - self.lag_s)

@@ -26,6 +26,7 @@ def beat(ranks=(0, 1), phase="forward", **changes) -> dict:
 
 
 def stored(client) -> list[dict]:
+    client.app.state.watchdog.flush()  # the heartbeats it took, to the store's writer
     store = client.app.state.store
     store.flush()
     return store.query("SELECT * FROM heartbeats ORDER BY rank").to_pylist()
@@ -114,6 +115,7 @@ def test_replay_of_the_stored_heartbeats_raises_the_live_alerts(client) -> None:
     now[0] = time.time() + 30
     watchdog.tick()
     store = client.app.state.store
+    store.flush()  # the heartbeats the tick handed to the writer
     live = store.query("SELECT * FROM alerts").to_pylist()
     assert [(a["kind"], a["rank"]) for a in live] == [("rank_lost", 1), ("rank_lost", 0)][:1]
     replayed = [a.to_dict() for a in replay_liveness(store.cursor())]
