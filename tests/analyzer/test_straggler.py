@@ -76,7 +76,7 @@ def test_bad_settings_name_the_field(field: str, value) -> None:
 
 def test_the_bar_follows_the_runs_own_spread() -> None:
     # The same rank 12% slower: clear on an even cohort (1% noise, the bar is the 6% floor),
-    # within the noise of a cohort whose ranks differ by 5% a step (the bar is 4 x 5%).
+    # within the noise of a cohort whose ranks differ by 5% a step (the bar: 5 sigmas, ~20%).
     slow = {2: [(50, 400, 0.12)]}
     assert [a.rank for a in rows(cohort(400, 4, noise=0.01, slow=slow))] == [2]
     assert rows(cohort(400, 4, noise=0.05, slow=slow)) == []
