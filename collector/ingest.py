@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import zlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
@@ -21,6 +20,7 @@ from fastapi.concurrency import run_in_threadpool
 from trainvitals.schema import SchemaError, decode_json, decode_msgpack, to_arrow
 
 from .deps import get_settings, get_store
+from .limits import GzipError, OverBudget, TooLarge, gunzip, reserve_for
 from .settings import Settings
 from .store import QueueFull, Store, StoreError
 
@@ -50,7 +50,11 @@ def check_token(settings: Settings, authorization: str | None) -> None:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused as soon as it exceeds `limit` bytes (before or after gzip)."""
+    """The request body, refused as soon as it exceeds `limit` bytes (before or after gzip).
+
+    The bytes count against the collector's decode budget (limits.py) until the request is
+    answered: 503 with Retry-After past it. gzip is undone on the thread pool.
+    """
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("gzip", "identity"):
         raise HTTPException(
@@ -60,42 +64,27 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared and declared.isdigit() and int(declared) > limit:
         raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    return _gunzip(body, limit) if encoding == "gzip" else body
-
-
-def _gunzip(body: bytes, limit: int) -> bytes:
-    """The body decompressed: each gzip member in turn, as RFC 1952 allows several."""
-    parts, size, rest = [], 0, body
-    while rest or not parts:
-        # Bounded: a small bomb must not expand into memory unchecked. One byte over the
-        # limit is enough to know the body is too large.
-        try:
-            out, rest = _gunzip_member(rest, limit + 1 - size)
-        except zlib.error as e:
-            offset = len(body) - len(rest)
-            where = f"data after its end (byte {offset}) is not a gzip member: " if parts else ""
-            raise HTTPException(400, f"body is not valid gzip: {where}{e}") from e
-        size += len(out)
-        if size > limit:
-            raise HTTPException(413, f"decompressed body exceeds the limit of {limit} bytes")
-        parts.append(out)
-    return b"".join(parts)
-
-
-def _gunzip_member(data: bytes, max_bytes: int) -> tuple[bytes, bytes]:
-    """(the first gzip member of `data` decompressed, at most `max_bytes`; the bytes after
-    it). zlib.error if the member is cut off or not gzip."""
-    d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    out = d.decompress(data, max_bytes)
-    if len(out) < max_bytes and not d.eof:
-        raise zlib.error("truncated")
-    return out, d.unused_data
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
+            reserve_for(request, len(chunk))
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if encoding == "identity":
+            return body
+        # CPU-bound, linear in the body (limits.gunzip): off the event loop.
+        plain = await run_in_threadpool(gunzip, body, limit)
+        # The compressed bytes go once `plain` is made; reserve what the decoder will see.
+        reserve_for(request, len(plain) - len(body))
+        return plain
+    except OverBudget as e:
+        raise HTTPException(503, str(e), headers={"Retry-After": "1"}) from e
+    except GzipError as e:
+        raise HTTPException(400, str(e)) from e
+    except TooLarge as e:
+        raise HTTPException(413, str(e)) from e
 
 
 @router.post("/api/v1/ingest", status_code=202)

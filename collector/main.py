@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from trainvitals.analyzer import Analyzer
 
 from . import heartbeat, ingest, metrics, otlp, query
+from .limits import DecodeBudget, release_for
 from .settings import Settings
 from .store import Store
 from .watchdog import LiveWatchdog
@@ -45,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         store.start()
         app.state.settings = settings
+        app.state.decode_budget = DecodeBudget(settings.max_decoding_bytes)
         app.state.store = store
         # Liveness is judged on the clock, apart from the steps (collector/watchdog.py).
         app.state.watchdog = (
@@ -75,6 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # (Starlette's ServerErrorMiddleware, outside this one), so count it as that.
             _count(request, 500)
             raise
+        finally:
+            release_for(request)  # the body's share of the decode budget (limits.py)
         _count(request, response.status_code)
         return response
 

@@ -53,6 +53,10 @@ _EXAMPLES = 5  # examples quoted per reason in partial_success.error_message
 _MAX_MESSAGE = 1000  # characters of an error message sent back
 # HTTP status -> google.rpc.Code, for Status.code (OTLP clients may log it, never act on it).
 _RPC_CODES = {400: 3, 401: 16, 409: 9, 413: 8, 415: 3, 503: 14}
+# Batches (one per run) one request has in the write queue at once, at most; a quarter of
+# the queue where that is less, so that other senders keep room. A group commit takes up to
+# 256 batches (store.py), so a wave of 64 costs one commit.
+WAVE_MAX_BATCHES = 64
 
 
 class OtlpError(ValueError):
@@ -61,25 +65,33 @@ class OtlpError(ValueError):
 
 @dataclass
 class Rejections:
-    """Data points not stored although the request was: counted, and explained by example."""
+    """Data points not stored although the request was: counted, and explained by example.
+
+    At most _EXAMPLES examples are kept per reason: a request may reject a million rows,
+    and searching a list of every one of them made each rejection cost O(rows so far).
+    """
 
     points: int = 0
-    by_reason: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
+    # reason -> (points, the first few distinct examples, whether there were others)
+    by_reason: dict[str, tuple[int, list[str], bool]] = field(default_factory=dict)
 
     def add(self, reason: str, example: str, points: int = 1) -> None:
         self.points += points
-        count, examples = self.by_reason.get(reason, (0, []))
-        if example not in examples:
-            examples.append(example)
-        self.by_reason[reason] = (count + points, examples)
+        count, examples, more = self.by_reason.get(reason, (0, [], False))
+        if example not in examples:  # a list of _EXAMPLES at most
+            if len(examples) < _EXAMPLES:
+                examples.append(example)
+            else:
+                more = True
+        self.by_reason[reason] = (count + points, examples, more)
 
     def message(self) -> str:
         """E.g. "3 data points not stored: 3 of metrics not named trainvitals.<table>.<field>
         ('process.cpu.time', 'up')"."""
         parts = []
-        for reason, (count, examples) in self.by_reason.items():
-            more = f", and {len(examples) - _EXAMPLES} more" if len(examples) > _EXAMPLES else ""
-            parts.append(f"{count} {reason} ({'; '.join(examples[:_EXAMPLES])}{more})")
+        for reason, (count, examples, more) in self.by_reason.items():
+            others = ", and others" if more else ""
+            parts.append(f"{count} {reason} ({'; '.join(examples)}{others})")
         return f"{self.points} data points not stored: " + "; ".join(parts)
 
 
@@ -337,20 +349,28 @@ async def _receive(
         )
     except OtlpError as e:
         raise HTTPException(400, str(e)) from e
-    futures = []
-    for run_id, tables in batches:
-        # One batch per run, each one transaction. Should the queue fill between two, the
-        # sender resends the whole request; keys make what was stored a no-op.
+    # One batch per run, each its own transaction, in waves of at most `wave` batches: a
+    # request of thousands of runs never fills the write queue (it then got 503 forever,
+    # and so did every other sender). Should the queue fill between two waves, the sender
+    # resends the whole request; keys make what was stored a no-op.
+    wave = max(1, min(WAVE_MAX_BATCHES, store.queue_capacity // 4))
+    deadline = asyncio.get_running_loop().time() + COMMIT_TIMEOUT_S
+    for start in range(0, len(batches), wave):
+        futures = []
+        for run_id, tables in batches[start : start + wave]:
+            try:
+                futures.append(asyncio.wrap_future(store.submit(run_id, tables)))
+            except QueueFull as e:
+                headers = {"Retry-After": "1"}
+                raise HTTPException(503, f"{e}; retry later", headers=headers) from e
+            except StoreError as e:
+                raise HTTPException(409, str(e)) from e
         try:
-            futures.append(asyncio.wrap_future(store.submit(run_id, tables)))
-        except QueueFull as e:
-            raise HTTPException(503, f"{e}; retry later", headers={"Retry-After": "1"}) from e
-        except StoreError as e:
-            raise HTTPException(409, str(e)) from e
-    try:
-        await asyncio.wait_for(asyncio.gather(*futures), COMMIT_TIMEOUT_S)
-    except (StoreError, TimeoutError) as e:
-        raise HTTPException(503, f"metrics not stored ({e or 'timed out'}); resend them") from e
+            async with asyncio.timeout_at(deadline):
+                await asyncio.gather(*futures)
+        except (StoreError, TimeoutError) as e:
+            detail = f"metrics not stored ({e or 'timed out'}); resend them"
+            raise HTTPException(503, detail) from e
     return rejected
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainvitals.analyzer.config import AnalyzerConfig
@@ -23,6 +23,12 @@ class Settings(BaseSettings):
         "", description="if set, ingest requires 'Authorization: Bearer <token>'"
     )
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest accepted ingest body")
+    max_decoding_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="bytes of request bodies read or decoded at once, all requests together; "
+        "beyond: 503 with Retry-After (collector/limits.py). At least max_body_bytes",
+    )
     retention_days: float = Field(
         0,
         ge=0,
@@ -53,6 +59,16 @@ class Settings(BaseSettings):
         if not v:
             raise ValueError("store_path must not be empty")
         return v
+
+    @model_validator(mode="after")
+    def _budget_holds_a_body(self) -> Settings:
+        if self.max_decoding_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_decoding_bytes ({self.max_decoding_bytes}) must be at least "
+                f"max_body_bytes ({self.max_body_bytes}), or a body of the largest size "
+                "could never be decoded"
+            )
+        return self
 
     @field_validator("memory_limit")
     @classmethod

@@ -144,6 +144,11 @@ class Store:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def queue_capacity(self) -> int:
+        """Batches the write queue holds at most (beyond: QueueFull)."""
+        return self._queue.maxsize
+
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor of the store's connection, for one thread (cursors are per thread)."""
         cur = self._con.cursor()
