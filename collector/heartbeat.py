@@ -21,6 +21,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from starlette.requests import ClientDisconnect
 
 from trainvitals.schema import SchemaError, heartbeats_to_arrow
 
@@ -57,7 +58,10 @@ async def heartbeats(
         raise HTTPException(
             415, f"content-type {ctype!r} is not supported; send one of {sorted(DECODERS)}"
         )
-    body = await read_body(request, settings.max_body_bytes)
+    try:
+        body = await read_body(request, settings.max_body_bytes)
+    except ClientDisconnect as e:  # a rank that died mid-request (torchrun's teardown)
+        raise HTTPException(400, "the sender left before its body arrived") from e
     try:
         run_id, table = heartbeats_to_arrow(decode(body), received_unix_s)
     except SchemaError as e:
