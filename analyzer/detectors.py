@@ -17,8 +17,7 @@ from .alerts import Alert
 from .attribution import MAD_TO_SIGMA, LayerHistory, RankLossHistory
 from .lr_schedule import WarmRestarts
 from .rolling import RollingWindow, median_of_sorted
-from .runinfo import name_layer, name_rank
-from .runinfo import name_ranks as name_ranks_of_run
+from .runinfo import name_layer, name_rank, name_ranks
 from .views import LayerView, RankView, StepView
 
 __all__ = [
@@ -36,16 +35,6 @@ def data_query(run_id: str, table: str, metric: str | None, start: int, end: int
     (collector/query.py), over steps `start`..`end`."""
     what = f"metric={metric}&" if metric else ""
     return f"/api/v1/runs/{run_id}/{table}?{what}start={max(0, start)}&end={end}"
-
-
-def name_ranks(ranks: list[int], limit: int = 8) -> str:
-    """'rank 3', 'ranks 3, 7', 'ranks 1, 2, ... and 40 more'.
-
-    Superseded by runinfo.name_ranks(step.run, ranks), which names each rank's host: kept
-    only until straggler.py and stall.py call that one."""
-    shown = ", ".join(map(str, ranks[:limit]))
-    more = f" and {len(ranks) - limit} more" if len(ranks) > limit else ""
-    return f"rank{'s' if len(ranks) > 1 else ''} {shown}{more}"
 
 
 @dataclass(frozen=True)
@@ -107,7 +96,7 @@ class NonFiniteDetector:
             rank_bad = s.ranks.rank[rank_loss | s.ranks.grad_norm_local_nonfinite]
             rank_loss_bad = bool(rank_loss.any())
             if len(rank_bad):
-                who = name_ranks_of_run(s.run, rank_bad.tolist())
+                who = name_ranks(s.run, rank_bad.tolist())
                 bad.append(f"local loss or gradient of {who}")
         origin = _origin(s, loss_bad="loss" in bad or rank_loss_bad)
         if not bad and origin.layer is None:
@@ -120,8 +109,7 @@ class NonFiniteDetector:
         if len(rank_bad) and len(rank_bad) < len(s.ranks):
             rank = int(rank_bad[0])
             who = (
-                f"; it started on {name_ranks_of_run(s.run, rank_bad.tolist())} (the others stayed "
-                "finite)"
+                f"; it started on {name_ranks(s.run, rank_bad.tolist())} (the others stayed finite)"
             )
         elif len(rank_bad):
             who = "; every rank is hit, so no single rank is named"
