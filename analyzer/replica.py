@@ -167,11 +167,11 @@ class _Blame:
     culprits: list[int]  # disagreeing members the canary or peer outliers name
     why: dict[int, str]  # culprit -> the signal naming it
     receivers: dict[int, list[int]]  # culprit -> members that summed its gradients
-    local_ranks: list[int]  # disagreeing members of a group that alone disagrees at their tp index
+    local_ranks: list[int]  # disagreeing members no other group disagrees with on their path
     local_groups: list[int]  # their groups
-    ambiguous: dict[int, list[int]]  # tp index -> disagreeing members there, in several groups
+    ambiguous: dict[int, list[int]]  # path -> disagreeing members on it, in several groups
     group_of: dict[int, int]  # rank -> replica group, for the ranks above
-    tp_of: dict[int, int]  # rank -> tp index, for the ranks above
+    tp_of: dict[int, int]  # rank -> its path: the tp index (the rank itself when tp = 1)
 
     def unexplained_keys(self) -> set:
         return {("group", g) for g in self.local_groups} | {("tp", p) for p in self.ambiguous}
