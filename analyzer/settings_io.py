@@ -86,10 +86,9 @@ def build(cls: type, section: str, values: dict[str, Any], source: str) -> Any:
     known = {f.name for f in fields(cls) if f.init}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(
-            f"{source}: {section}.{unknown[0]} is not a setting (known in [{section}]: "
-            f"{', '.join(sorted(known))})"
-        )
+        listed = ", ".join(sorted(known))
+        known_text = f"known in [{section}]: {listed}" if known else f"[{section}] has none"
+        raise ValueError(f"{source}: {section}.{unknown[0]} is not a setting ({known_text})")
     parsed = {k: _parse(hints[k], v, f"{section}.{k}", source) for k, v in values.items()}
     try:
         return cls(**parsed)

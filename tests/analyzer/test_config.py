@@ -46,6 +46,7 @@ def _an_int_setting() -> tuple[str, int]:
     [
         (["stragler.window=3"], "--set: no detector section 'stragler'"),
         (["straggler.nope=3"], "straggler.nope is not a setting"),
+        (["canary.window=3"], r"canary.window is not a setting \(\[canary\] has none\)"),
         (["liveness.silence_s=-1"], "liveness.silence_s"),
     ],
 )
