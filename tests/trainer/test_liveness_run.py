@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from trainvitals.trainer.launch import torchrun_command
 
 # Heartbeats every 2 s: silent for 3 of them is lost; 8 s without a step is a hang (the
 # tiny model's steps take well under a second here, even on a loaded machine).
+QUICK_FIELDS = ("silence_s", "hang_floor_s", "first_step_s", "min_history")
 QUICK = LivenessSettings(silence_s=6.0, hang_floor_s=8.0, first_step_s=30.0, min_history=3)
 RANKS = 4
 
@@ -33,6 +35,7 @@ class Collector:
     given test settings)."""
 
     def __init__(self, store: Path) -> None:
+        self.store = store
         self.app = create_app(Settings(store_path=str(store)))
         self.url = f"http://127.0.0.1:{(port := free_port())}"
         config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning")
@@ -88,6 +91,14 @@ def test_a_crashed_rank_is_named_once(collector: Collector) -> None:
     # The crashed rank's own record of its fault reached the store.
     events = collector.query("SELECT rank, step FROM events WHERE kind = 'fault:crash'")
     assert events == [{"rank": 2, "step": 15}]
+    # A replay of the stopped store raises what the collector raised live.
+    collector.stop()
+    settings = [f"--set=liveness.{k}={getattr(QUICK, k)}" for k in QUICK_FIELDS]
+    replay = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "replay", str(collector.store), "--check", *settings],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
 
 
 def test_a_hung_rank_is_named(collector: Collector) -> None:
