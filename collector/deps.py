@@ -6,6 +6,7 @@ from fastapi import Request
 
 from .settings import Settings
 from .store import Store
+from .watchdog import LiveWatchdog
 
 
 def get_settings(request: Request) -> Settings:
@@ -14,3 +15,8 @@ def get_settings(request: Request) -> Settings:
 
 def get_store(request: Request) -> Store:
     return request.app.state.store
+
+
+def get_watchdog(request: Request) -> LiveWatchdog | None:
+    """The liveness watchdog; None in replay mode."""
+    return getattr(request.app.state, "watchdog", None)

@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect
 
 from trainvitals.schema import SchemaError, heartbeats_to_arrow
 
-from .deps import get_settings, get_store
+from .deps import get_settings, get_store, get_watchdog
 from .ingest import DECODERS, check_token, read_body
 from .settings import Settings
 from .store import Store
@@ -33,10 +33,6 @@ from .watchdog import LiveWatchdog
 
 router = APIRouter(tags=["heartbeats"])
 PATH = "/api/v1/heartbeats"
-
-
-def get_watchdog(request: Request) -> LiveWatchdog | None:
-    return getattr(request.app.state, "watchdog", None)
 
 
 @router.post(PATH, status_code=202)

@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .deps import get_store
+from .deps import get_store, get_watchdog
 from .state import LiveState
 from .store import Store
+from .watchdog import LiveWatchdog
 
 router = APIRouter(tags=["metrics"])
 
@@ -55,9 +56,10 @@ _RUN_GAUGES = (
 class TrainvitalsCollector(Collector):
     """Yields metric families built from a LiveState snapshot at each scrape."""
 
-    def __init__(self, live: LiveState, store: Store) -> None:
+    def __init__(self, live: LiveState, store: Store, watchdog: LiveWatchdog | None = None) -> None:
         self.live = live
         self.store = store
+        self.watchdog = watchdog
 
     def collect(self):
         runs, stats = self.live.snapshot()
@@ -118,6 +120,27 @@ class TrainvitalsCollector(Collector):
         yield dropped
         yield ended
         yield from _self_metrics(stats, self.store.queue_depth, self.store.analysis)
+        if self.watchdog is not None:
+            yield from _watchdog_metrics(self.watchdog)
+
+
+def _watchdog_metrics(watchdog: LiveWatchdog):
+    yield CounterMetricFamily(
+        "trainvitals_collector_watchdog_errors",
+        "Liveness watchdog ticks that failed, and heartbeat batches the store failed to write.",
+        value=watchdog.errors,
+    )
+    yield CounterMetricFamily(
+        "trainvitals_collector_heartbeats_dropped",
+        "Heartbeats never written to the store (the writer took none for too long).",
+        value=watchdog.dropped_rows,
+    )
+    yield CounterMetricFamily(
+        "trainvitals_collector_heartbeats_late",
+        "Heartbeats handed to the watchdog after the time it had judged (an overloaded "
+        "collector): judged on arrival, so a replay may differ.",
+        value=watchdog.watchdog.late,
+    )
 
 
 def _self_metrics(stats, queue_depth: int, analysis):
@@ -179,15 +202,20 @@ def _self_metrics(stats, queue_depth: int, analysis):
     )
 
 
-def build_registry(live: LiveState, store: Store) -> CollectorRegistry:
+def build_registry(
+    live: LiveState, store: Store, watchdog: LiveWatchdog | None = None
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TrainvitalsCollector(live, store))
+    registry.register(TrainvitalsCollector(live, store, watchdog))
     return registry
 
 
 @router.get("/metrics")
-def metrics(store: Annotated[Store, Depends(get_store)]) -> Response:
-    registry = build_registry(store.state, store)
+def metrics(
+    store: Annotated[Store, Depends(get_store)],
+    watchdog: Annotated[LiveWatchdog | None, Depends(get_watchdog)],
+) -> Response:
+    registry = build_registry(store.state, store, watchdog)
     return Response(
         generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8"
     )

@@ -97,9 +97,10 @@ def test_the_watchdog_names_a_silent_rank_without_any_step(client) -> None:
     alerts = client.app.state.store.query("SELECT kind, rank, message FROM alerts").to_pylist()
     assert [(a["kind"], a["rank"]) for a in alerts] == [("rank_lost", 1)]
     assert "rank 1 on node0" in alerts[0]["message"]
-    assert 'trainvitals_alerts_total{kind="rank_lost",rank="1",run_id="r1"} 1.0' in (
-        client.get("/metrics").text
-    )
+    metrics = client.get("/metrics").text
+    assert 'trainvitals_alerts_total{kind="rank_lost",rank="1",run_id="r1"} 1.0' in metrics
+    for name in ("watchdog_errors", "heartbeats_dropped", "heartbeats_late"):
+        assert f"trainvitals_collector_{name}_total 0.0" in metrics
 
 
 def test_replay_of_the_stored_heartbeats_raises_the_live_alerts(client) -> None:
