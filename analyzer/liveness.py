@@ -204,6 +204,8 @@ class Watchdog:
             run.progress_s = t  # the hang clock starts when the run is first heard
         if phase == "ended":
             return self._end(run_id, run, t, f"rank {rank} closed its monitor: the run ended")
+        if run.ended and phase != "exited":
+            run.ended = False  # a rank at work after the end: the run was resumed
         if old is None:
             run.progress_step = max(run.progress_step, finished)  # joined mid-run: no progress
             return []
@@ -283,8 +285,8 @@ class Watchdog:
     def _silent(self, run_id: str, run: _Run, at: float, rank: int) -> list[Alert]:
         r = run.ranks[rank]
         r.gone = True
-        if run.ended or run.lost is not None:
-            return []  # a run that ended; or torchrun tearing down the others after the first
+        if run.ended or run.lost is not None or r.phase == "ended":
+            return []  # a run or rank that ended; or torchrun tearing down the others
         how = (
             "said it was exiting without closing its monitor (an exception)"
             if r.phase == "exited"

@@ -149,6 +149,18 @@ def test_a_run_that_ended_never_alarms() -> None:
     assert feed(heartbeats(state, 4, 200), 0.5, 200) == []
 
 
+def test_a_run_resumed_after_its_end_is_watched_again() -> None:
+    # Ended at 50 s (close() on every rank); resumed under the same run id at 100 s; rank 1
+    # crashes at 150 s, the others are torn down at 152 s.
+    def state(rank: int, t: float):
+        if 50 < t < 100 or t > (150 if rank == 1 else 152):
+            return None
+        return (500, 500, "ended") if 48 < t <= 50 else running(rank, t)
+
+    alerts = feed(heartbeats(state, 4, 200), 0.5, 200)
+    assert kinds(alerts) == [("rank_lost", "critical", 1)]
+
+
 def test_a_run_end_event_ends_the_run() -> None:
     beats = heartbeats(lambda r, t: running(r, t) if t < 50 else None, 2, 50)
     dog = Watchdog()
