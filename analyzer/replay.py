@@ -127,7 +127,12 @@ def replay_liveness(
     simulated clock over their receive times (alert times are deadlines, so this is what
     the live ticks raised). The clock stops where the collector is known to have been
     running: its last stored heartbeat or liveness alert, whichever is later; a deadline
-    after that was never reached live either."""
+    after that was never reached live either. A store older than heartbeats has none."""
+    have = con.sql(
+        "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()"
+    ).fetchall()
+    if ("heartbeats",) not in have:
+        return
     ((end_s,),) = con.sql(
         "SELECT greatest((SELECT max(received_unix_s) FROM heartbeats), (SELECT max("
         f"time_unix_s) FROM alerts WHERE kind IN ('{RANK_LOST}', '{HANG}')))"
