@@ -20,16 +20,30 @@ class Spool:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        numbers = [int(p.stem) for p in self.dir.glob("*.json") if p.stem.isdigit()]
-        self._next = max(numbers, default=-1) + 1
+        # Every numbered file counts, set-aside batches (`N.failed.json`) included: a number
+        # is never given twice, so nothing spooled is ever replaced.
+        numbers = [_number(p) for p in self.dir.iterdir()]
+        self._next = max((n for n in numbers if n is not None), default=-1) + 1
 
     def put(self, body: bytes) -> None:
         """Keep one batch (raises OSError if the disk refuses)."""
-        final = self.dir / f"{self._next:012d}.json"
-        tmp = final.with_suffix(".tmp")
+        tmp = self.dir / f"{self._next:012d}.tmp"
         tmp.write_bytes(body)
-        os.replace(tmp, final)
-        self._next += 1
+        try:
+            while True:
+                number, self._next = self._next, self._next + 1
+                final = self.dir / f"{number:012d}.json"
+                if final.with_suffix(".failed.json").exists():
+                    continue
+                try:
+                    # A hard link fails where `final` exists (another process spooling into
+                    # this folder took the number): a batch is never replaced.
+                    os.link(tmp, final)
+                    return
+                except FileExistsError:
+                    continue
+        finally:
+            tmp.unlink()
 
     def pending(self) -> list[Path]:
         """Spooled batches, oldest first (not those set aside)."""
@@ -43,6 +57,12 @@ class Spool:
 
     def __len__(self) -> int:
         return len(self.pending())
+
+
+def _number(path: Path) -> int | None:
+    """The sequence number of a spool file (`N.json`, `N.failed.json`, `N.tmp`), else None."""
+    head = path.name.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def default_spool_dir(rank: int) -> Path:
