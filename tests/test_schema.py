@@ -123,3 +123,22 @@ def test_two_runs_rows_in_one_batch_are_refused() -> None:
     assert tables["runs"].num_rows == 1
     with pytest.raises(SchemaError, match=r"runs: 2 rows for one run; send one"):
         to_arrow({**doc, "runs": {k: [v, v] for k, v in row.items()}})
+
+
+def test_strings_past_their_limit_are_named() -> None:
+    """A 10 MB runs.model was stored, and every run list answered 10.5 MB after it."""
+    from trainvitals.schema import MAX_STRING_BYTES, TABLES
+
+    b = BatchBuilder("r1")
+    b.append("events", step=1, rank=0, kind="k" * (MAX_STRING_BYTES + 1), detail="{}",
+             time_unix_s=1.0)  # fmt: skip
+    with pytest.raises(SchemaError, match=r"events\.kind: a value of 4097 bytes exceeds the limit"):
+        to_arrow(b.to_dict())
+    assert TABLES["runs"].by_name["hosts_json"].max_bytes >= 2**20  # a list per rank
+
+
+def test_many_unknown_fields_are_named_by_a_few() -> None:
+    doc = {"schema_version": 1, "run_id": "r1", "steps": {f"f{i:06d}": [1] for i in range(10_000)}}
+    with pytest.raises(SchemaError, match=r"f000019', '\.\.\. 9980 more'\]") as e:
+        to_arrow(doc)
+    assert len(str(e.value)) < 1000

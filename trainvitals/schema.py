@@ -70,6 +70,11 @@ INDEX_BOUNDS = (0, 2**31 - 1)  # layer and rank indices
 # Times, durations, counts, rates, power and energy: a negative one is a producer's bug, and
 # would reach /metrics and the detectors as if it were a reading.
 NONNEGATIVE = (0, math.inf)
+# Longest string a field takes, in UTF-8 bytes, unless it says otherwise (Field.max_bytes).
+# A name is a few dozen bytes; a 10 MB `runs.model` made every run list answer 10.5 MB.
+# JSON fields hold a list per rank or layer: hosts_json of 100,000 ranks is about 3 MB.
+MAX_STRING_BYTES = 4096
+MAX_JSON_STRING_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -88,10 +93,16 @@ class Field:
     json: type | None = None
     # string: the only values allowed (a heartbeat's phase), or None for any.
     choices: tuple[str, ...] | None = None
+    # string: the longest value, in UTF-8 bytes; None: MAX_STRING_BYTES, or
+    # MAX_JSON_STRING_BYTES for a JSON field.
+    max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"Field {self.name}: dtype must be one of {sorted(DTYPES)}")
+        if self.dtype == "string" and self.max_bytes is None:
+            limit = MAX_JSON_STRING_BYTES if self.json is not None else MAX_STRING_BYTES
+            object.__setattr__(self, "max_bytes", limit)
         assert self.bounds is None or self.dtype in ("int64", "float64"), f"{self.name}: bounds"
         assert self.json is None or self.dtype == "string", f"{self.name}: json on strings"
         assert self.choices is None or self.dtype == "string", f"{self.name}: choices"
@@ -626,9 +637,11 @@ def check_run_id(run_id: Any) -> None:
         raise SchemaError(f"run_id {shown!r} is not valid: use {RUN_ID_RULE}")
 
 
-def _names(keys: set) -> list[str]:
-    """Sorted names for a message; msgpack keys may be bytes or numbers as well as str."""
-    return sorted(map(str, keys))
+def _names(keys: set, shown: int = 20) -> list[str]:
+    """Sorted names for a message, the first `shown` of them (a body of 100,000 unknown
+    fields must not come back as a 1 MB message); msgpack keys may be bytes or numbers."""
+    names = sorted(str(k)[:64] for k in keys)
+    return names if len(names) <= shown else [*names[:shown], f"... {len(names) - shown} more"]
 
 
 def _check_unique_keys(spec: Table, table: Any) -> None:
@@ -666,6 +679,8 @@ def _checked(where: str, f: Field, arr: Any, n_rows: int, pa: Any) -> Any:
             raise SchemaError(f"{where}: values must be finite numbers")
     if f.bounds is not None and len(arr) > arr.null_count:
         _check_bounds(where, f.bounds, arr)
+    if f.max_bytes is not None and len(arr) > arr.null_count:
+        _check_length(where, f.max_bytes, arr)
     if f.json is not None:
         _check_json(where, f.json, arr)
     if f.choices is not None:
@@ -738,6 +753,16 @@ def _check_bounds(where: str, bounds: tuple[float, float], arr: Any) -> None:
         if bounds[1] == math.inf:
             raise SchemaError(f"{where}: {bad} is below {bounds[0]}; it cannot be negative")
         raise SchemaError(f"{where}: {bad} is outside {bounds[0]}..{bounds[1]}")
+
+
+def _check_length(where: str, max_bytes: int, arr: Any) -> None:
+    import pyarrow.compute as pc
+
+    longest = pc.max(pc.binary_length(arr)).as_py()
+    if longest > max_bytes:
+        raise SchemaError(
+            f"{where}: a value of {longest} bytes exceeds the limit of {max_bytes} bytes"
+        )
 
 
 def _check_json(where: str, kind: type, arr: Any) -> None:

@@ -197,3 +197,12 @@ def test_malformed_msgpack_is_refused(client) -> None:
     assert r.status_code == 422 and "not valid msgpack: " in r.json()["detail"]
     assert r.json()["detail"] != "body is not valid msgpack: "  # the reason is given
     assert counts(client) == {"steps": 0, "layers": 0, "ranks": 0}
+
+
+def test_a_string_past_its_limit_gets_422_naming_the_field(client) -> None:
+    """A 10 MB runs.model was stored: every /api/v1/runs answer was 10.5 MB after it."""
+    doc = {"schema_version": 1, "run_id": "r1", "runs": _runs_row(model="m" * 5000)}
+    r = client.post("/api/v1/ingest", content=orjson.dumps(doc))
+    assert r.status_code == 422
+    assert r.json()["detail"] == "runs.model: a value of 5000 bytes exceeds the limit of 4096 bytes"
+    assert client.get("/api/v1/runs").json() == []
