@@ -68,7 +68,9 @@ def _stored_columns(path: Path) -> dict[str, set[str]]:
     try:
         con = duckdb.connect(str(path), read_only=True)
     except duckdb.Error as e:  # not a DuckDB file, or one another process writes to
-        raise ValueError(f"cannot open {path} read-only: {e}") from e
+        from trainvitals.collector.store import damaged
+
+        raise ValueError(f"cannot open {path} read-only: {damaged(str(path), e)}") from e
     try:
         rows = con.execute(
             "SELECT table_name, column_name FROM duckdb_columns() "

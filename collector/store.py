@@ -88,11 +88,15 @@ class Store:
             self._con = _open_read_only(path) if read_only else _open_writable(path)
             self._con.execute(f"SET memory_limit = '{limit_bytes // 2**10}KiB'")
         except duckdb.Error as e:
-            raise StoreError(f"cannot open store {path!r}: {e}") from e
-        if not read_only:
-            self._create_tables()
+            raise StoreError(damaged(path, e)) from e
         self.state = state or LiveState()
-        self.state.load(self.query)  # /metrics is whole again after a restart
+        try:
+            if not read_only:
+                self._create_tables()
+            self.state.load(self.query)  # /metrics is whole again after a restart
+        except duckdb.Error as e:  # a file cut short opens, then fails on its first read
+            self._con.close()
+            raise StoreError(damaged(path, e)) from e
         self.analysis = LiveAnalysis(
             self.cursor, analyzer or Analyzer(), self.state, analysis_delay_s
         )
@@ -277,6 +281,19 @@ class Store:
             return cur.sql(sql, params=params or None).to_arrow_table()
         finally:
             cur.close()
+
+
+def damaged(path: str, error: Exception) -> str:
+    """One line for a store that cannot be opened or read: the file, the cause, what to do."""
+    cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    corrupt = duckdb.IOException | duckdb.SerializationException | duckdb.InternalException
+    if not (isinstance(error, corrupt) and Path(path).is_file()):
+        return f"cannot open store {path!r}: {cause}"
+    return (
+        f"store {path!r} is damaged (truncated or corrupt: {cause}). Restore it from a "
+        f"backup or an export, or move it aside (mv {path} {path}.damaged) to start an "
+        "empty store there"
+    )
 
 
 def _open_writable(path: str) -> duckdb.DuckDBPyConnection:

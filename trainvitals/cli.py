@@ -135,7 +135,7 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
     import duckdb
 
     from trainvitals.analyzer.replay import check_source
-    from trainvitals.collector.store import Store, StoreError
+    from trainvitals.collector.store import Store, StoreError, damaged
 
     comparable_alerts = check_source(Path(args.store))  # ValueError: one line, from main
     config = _analyzer_config(args)  # ValueError: one line, from main
@@ -148,7 +148,7 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
     try:
         return _replay_store(store.cursor(), args, comparable_alerts, config)
     except duckdb.Error as e:  # a damaged file, Parquet that cannot be read
-        return f"error: cannot read {args.store}: {e}"
+        return f"error: {damaged(args.store, e)}"
     finally:
         store.close()
 
@@ -230,13 +230,17 @@ def _add_analyzer_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace, _rest: list[str]) -> int:
+    import duckdb
+
     from trainvitals.collector.export import export_store
-    from trainvitals.collector.store import StoreError
+    from trainvitals.collector.store import StoreError, damaged
 
     try:
         written = export_store(args.store, args.out, args.run or None)
     except StoreError as e:
         return f"error: {e}"
+    except duckdb.Error as e:  # a block past the end of a truncated file, met mid-export
+        return f"error: {damaged(args.store, e)}"
     print(", ".join(f"{n} {t}" for t, n in written.items()) + f" rows written to {args.out}")
     return 0
 
