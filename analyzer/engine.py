@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from .alerts import Alert
 from .config import AnalyzerConfig
+from .coverage import MissingRanksDetector
 from .detectors import LossSpikeDetector, NonFiniteDetector
 from .divergence import DivergenceDetector
 from .runinfo import UNKNOWN, RunInfo
@@ -68,6 +69,7 @@ def default_detectors(config: AnalyzerConfig | None = None) -> list:
         StallDetector(c.stall),
         ThrottleDetector(c.throttle),
         ThroughputDropDetector(c.throughput),
+        MissingRanksDetector(),  # no settings: a step has every rank's rows or it does not
     ]
 
 

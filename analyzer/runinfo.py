@@ -26,6 +26,7 @@ class RunInfo:
     tp: int = 1  # tensor-parallel degree: data-parallel peers share a tp index
     layer_names: tuple[str, ...] = ()  # name of layer index 0, 1, ...
     hosts: tuple[str, ...] = ()  # host of rank 0, 1, ...
+    world_size: int = 0  # ranks in the run (0: not reported)
 
     @classmethod
     def from_runs(cls, runs: Any) -> RunInfo | None:
@@ -42,6 +43,7 @@ class RunInfo:
             tp=tp if isinstance(tp, int) and tp >= 1 else 1,
             layer_names=_names(row.get("layer_names_json")),
             hosts=_names(row.get("hosts_json")),
+            world_size=world if isinstance(world := row.get("world_size"), int) else 0,
         )
 
 

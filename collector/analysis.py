@@ -9,6 +9,10 @@ over the committed rows, in step order, a window of steps at a time, as the repl
   batches. A step is analysed `delay_s` after the batch carrying its steps row was
   committed, by then with whatever else of it and before it has arrived, so detectors see
   each step whole and in order, and live alerts are the alerts a replay of the store raises.
+  A step that has some ranks rows but fewer than the run's world size waits on for the
+  other nodes' rows, up to `ranks_deadline_s` after its steps row; then it is analysed
+  without them, and the analyzer names the missing ranks (analyzer/coverage.py). A node
+  whose rows come later than that is stored but was not seen live: replay sees it.
 
 The committed rows wait in memory, not re-read from the store: reading a window back costs
 a scan of every row group whose steps overlap it, and runs sharing a store overlap (every
@@ -49,6 +53,10 @@ log = logging.getLogger(__name__)
 
 DELAY_S = 1.0  # how long a committed step waits for stragglers of its own (see above)
 MAX_ROWS = 1_000_000  # rows waiting for analysis, at most (about 300 MB of ranks rows)
+# How long a step with some of its ranks rows waits for the other nodes' (seconds after its
+# steps row). Node leaders send every export interval (1 s), with retries backing off for
+# up to about 2 s more (hooks/exporter.py): 10 s leaves room for a slow node.
+RANKS_DEADLINE_S = 10.0
 _TICK_S = 0.1  # the thread looks for due steps this often
 # Tables the detectors read, and the key that identifies a row within a run and step.
 _TABLES = {"steps": None, "layers": "layer", "ranks": "rank"}
@@ -57,8 +65,11 @@ _TABLES = {"steps": None, "layers": "layer", "ranks": "rank"}
 @dataclass
 class _Run:
     parts: dict[str, list[pa.Table]] = field(default_factory=dict)  # committed, not analysed
-    due: deque[tuple[float, int]] = field(default_factory=deque)  # (commit time, max step)
+    # (commit time, max step, steps) of each batch that carried steps rows
+    due: deque[tuple[float, int, list[int]]] = field(default_factory=deque)
     meta: pa.Table | None = None  # the runs row
+    world_size: int = 0  # from the runs row (0: not known)
+    ranks_rows: dict[int, int] = field(default_factory=dict)  # step -> ranks rows buffered
     # Events rows, handed over whole with the next window whatever their step: an event
     # may arrive after the step it names, and detectors look back (analyzer/engine.py).
     events: list[pa.Table] = field(default_factory=list)
@@ -75,11 +86,15 @@ class LiveAnalysis:
         state: LiveState,
         delay_s: float = DELAY_S,
         max_rows: int = MAX_ROWS,
+        ranks_deadline_s: float = RANKS_DEADLINE_S,
+        clock: Callable[[], float] = time.monotonic,  # when a step is due (tests inject one)
     ) -> None:
         self._cursor = cursor
         self.analyzer = analyzer
         self.state = state
         self.delay_s = delay_s
+        self.ranks_deadline_s = ranks_deadline_s
+        self._clock = clock
         self.max_rows = max_rows
         self._cond = threading.Condition()
         self._runs: dict[str, _Run] = {}
@@ -98,7 +113,7 @@ class LiveAnalysis:
         cols = ", ".join(["run_id", *(f.name for f in RUNS.fields)])
         meta = cur.sql(f"SELECT {cols} FROM runs").to_arrow_table()
         for i, run_id in enumerate(meta.column("run_id").to_pylist()):
-            self._runs.setdefault(run_id, _Run()).meta = meta.slice(i, 1)
+            _set_meta(self._runs.setdefault(run_id, _Run()), meta.slice(i, 1))
         self._thread = threading.Thread(
             target=self._loop, args=(cur,), name="trainvitals-analysis", daemon=True
         )
@@ -126,15 +141,22 @@ class LiveAnalysis:
                     parts[name] = table.filter(pc.greater(table.column("step"), run.last))
                     rows -= table.num_rows - parts[name].num_rows
             if "runs" in tables and tables["runs"].num_rows:
-                run.meta = tables["runs"].slice(tables["runs"].num_rows - 1)
+                _set_meta(run, tables["runs"].slice(tables["runs"].num_rows - 1))
             if "events" in tables and tables["events"].num_rows:
                 run.events.append(tables["events"])
             for name, table in parts.items():
                 if table.num_rows:
                     run.parts.setdefault(name, []).append(table)
             self._rows += rows
+            if "ranks" in parts and parts["ranks"].num_rows:
+                steps, counts = np.unique(
+                    parts["ranks"].column("step").to_numpy(), return_counts=True
+                )
+                for step, count in zip(steps.tolist(), counts.tolist(), strict=True):
+                    run.ranks_rows[step] = run.ranks_rows.get(step, 0) + count
             if "steps" in parts and parts["steps"].num_rows:
-                run.due.append((time.monotonic(), pc.max(parts["steps"].column("step")).as_py()))
+                steps = pc.unique(parts["steps"].column("step")).to_pylist()
+                run.due.append((self._clock(), max(steps), steps))
 
     def _can_free(self) -> bool:
         """Whether analysing what is committed frees any room (steps rows are buffered)."""
@@ -145,7 +167,7 @@ class LiveAnalysis:
         """Age of the oldest committed step not analysed yet, in seconds; 0 when none."""
         with self._cond:
             oldest = [run.due[0][0] for run in self._runs.values() if run.due]
-        return time.monotonic() - min(oldest) if oldest else 0.0
+        return self._clock() - min(oldest) if oldest else 0.0
 
     def drain(self, timeout_s: float) -> bool:
         """Analyse everything committed so far, without waiting `delay_s`; False on timeout."""
@@ -204,14 +226,23 @@ class LiveAnalysis:
 
     def _take_due(self) -> dict[str, tuple[dict, dict]]:
         """run -> (runs table, tables of its due window); called under the lock."""
-        cutoff = time.monotonic() - (0.0 if self._drain or self._full else self.delay_s)
+        now, hurry = self._clock(), self._drain or self._full
+        cutoff = now - (0.0 if hurry else self.delay_s)
         work = {}
         for run_id, run in self._runs.items():
             if not (run.due and run.due[0][0] <= cutoff):
                 continue
             up_to = run.last
             while run.due and run.due[0][0] <= cutoff:
-                up_to = max(up_to, run.due.popleft()[1])
+                committed, top, steps = run.due[0]
+                if not (hurry or committed <= now - self.ranks_deadline_s or _whole(run, steps)):
+                    break  # other nodes' ranks rows are on their way; later steps wait too
+                run.due.popleft()
+                up_to = max(up_to, top)
+            if up_to == run.last:
+                continue
+            for step in [s for s in run.ranks_rows if s <= up_to]:
+                del run.ranks_rows[step]
             window = {}
             for name, parts in run.parts.items():
                 if not parts:
@@ -232,6 +263,20 @@ class LiveAnalysis:
                 work[run_id] = ({"runs": run.meta} if run.meta is not None else {}, window)
         self._cond.notify_all()  # a writer waiting for room
         return work
+
+
+def _set_meta(run: _Run, row: pa.Table) -> None:
+    run.meta = row
+    world = row.column("world_size")[0].as_py() if "world_size" in row.column_names else None
+    run.world_size = world if isinstance(world, int) else 0
+
+
+def _whole(run: _Run, steps: list[int]) -> bool:
+    """Whether each of `steps` has every rank's rows, or none (a producer without ranks
+    rows: nothing to wait for). Resent rows count twice here: at worst a step is analysed
+    before a late node's rows, as without the wait."""
+    world = run.world_size
+    return not world or all(not 0 < run.ranks_rows.get(s, 0) < world for s in steps)
 
 
 def _first_copies(table: pa.Table, key: str | None) -> pa.Table:

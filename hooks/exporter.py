@@ -18,9 +18,11 @@ from trainvitals.schema import BatchBuilder
 from trainvitals.sender import retryable
 
 from .spool import Spool
+from .wire import gzipped
 
 log = logging.getLogger(__name__)
 
+JSON, MSGPACK = "application/json", "application/msgpack"
 # Drains in a row in which the collector failed (500) on the same spooled batch before it is
 # set aside: a 500 that persists across export intervals is the batch, not a passing fault.
 FAILED_DRAINS = 3
@@ -71,7 +73,12 @@ class InMemoryExporter:
 
 
 class HttpExporter:
-    """POSTs JSON batches to a collector; spools what cannot be delivered and resends it.
+    """POSTs batches to a collector; spools what cannot be delivered and resends it.
+
+    A batch travels in the binary columnar msgpack form (8 bytes a value, built from numpy
+    columns without a Python object per value), gzipped; a spooled batch is kept as JSON, the
+    spool's format that `trainvitals import` reads, and resent as JSON (encoding it builds
+    Python objects, on the export thread, only while the collector is away).
 
     Delivery order is kept: while anything is spooled, new batches join the spool behind
     it, and each export first tries to drain the spool. A batch the collector rejects as
@@ -93,7 +100,7 @@ class HttpExporter:
         import httpx
 
         self.url = url.rstrip("/") + "/api/v1/ingest"
-        headers = {"content-type": "application/json"}
+        headers = {}
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._client = httpx.Client(timeout=timeout_s, headers=headers)
@@ -108,18 +115,20 @@ class HttpExporter:
         self._failed_drains: dict[Path, int] = {}  # spooled batch -> drains answered 500
 
     def export(self, batch: BatchBuilder) -> bool:
-        body = batch.to_json()
         if self.spool is not None and self._drain() and len(self.spool):
-            return self._keep(body)  # the collector is still away: queue behind the others
-        delivered = self._send(body)
-        return self._keep(body) if delivered is None else delivered
+            return self._keep(batch)  # the collector is still away: queue behind the others
+        delivered = self._send(gzipped(batch.to_msgpack()), MSGPACK, gzip=True)
+        return self._keep(batch) if delivered is None else delivered
 
-    def _send(self, body: bytes) -> bool | None:
+    def _send(self, body: bytes, content_type: str = JSON, gzip: bool = False) -> bool | None:
         """True: stored. False: rejected for good. None: not delivered (try again later)."""
         self._failed_on_last = True
         for attempt in range(self.retries + 1):
             try:
-                resp = self._client.post(self.url, content=body)
+                headers = {"content-type": content_type}
+                if gzip:
+                    headers["content-encoding"] = "gzip"
+                resp = self._client.post(self.url, content=body, headers=headers)
                 if resp.status_code < 300:
                     self.sent_batches += 1
                     return True
@@ -171,12 +180,12 @@ class HttpExporter:
         )
         return True
 
-    def _keep(self, body: bytes) -> bool:
+    def _keep(self, batch: BatchBuilder) -> bool:
         if self.spool is None:
             self.dropped_batches += 1
             return False
         try:
-            self.spool.put(body)
+            self.spool.put(batch.to_json())
         except OSError as e:
             log.error("cannot spool a batch to %s (%s); it is lost", self.spool.dir, e)
             self.dropped_batches += 1

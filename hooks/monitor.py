@@ -12,10 +12,13 @@ backward left them, so per-layer and global gradient norms are the unclipped one
 
 The hot path never waits for the device or the network. An unlogged step reads each
 block output once (its extremes, left on the device). On a logged step the statistics are
-packed into one device vector (records.VectorLayout), reduced with one asynchronous SUM
-all-reduce (and a small MAX one for the maxima) on a process group of the monitor's own,
-copied to pinned host memory without blocking, and handed to a background thread that
-waits for them, builds the records and exports them.
+packed into one device vector (records.VectorLayout, its size independent of the world
+size), reduced with one asynchronous SUM all-reduce (and a small MAX one for the maxima) on
+a process group of the monitor's own, while each rank's own slot (timing, power,
+fingerprints) is gathered by its node's leader over the node's group (topology.py). All of
+it is copied to pinned host memory without blocking and handed to a background thread that
+waits for it, builds the columns and exports them: rank 0 the steps and layers rows, every
+node's leader its node's ranks rows.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,7 +44,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from trainvitals.schema import BatchBuilder, check_run_id
+from trainvitals.schema import check_run_id
 
 from .canary import Canary
 from .comms import CommsMeter
@@ -59,18 +62,36 @@ from .layers import (
 )
 from .norms import fused_norms, max_abs, norm_dtype
 from .power import PowerSampler
-from .records import RANK_SLOT, SAMPLED_FIELDS, StepMeta, VectorLayout, append_step
+from .records import (
+    RANK_SLOT,
+    SAMPLED_FIELDS,
+    StepMeta,
+    VectorLayout,
+    add_ranks,
+    add_step,
+    release_unix_s,
+)
 from .replica import ReplicaFingerprint
 from .spool import default_spool_dir
 from .timing import StepTimer
+from .topology import Node, find_node, node_key
 from .update import UpdateMeter
+from .wire import ColumnBatch
 
 log = logging.getLogger(__name__)
 
-# Slots filled on the device (the others come from the host in one copy).
-_LOSS, _CANARY, _REPLICA, _GRAD_LOCAL = (
+# Slots filled on the device (the others come from the host in one copy), and the two that
+# the MAX reduction takes from the slot.
+_LOSS, _CANARY, _REPLICA, _GRAD_LOCAL, _STEP_TIME, _ARRIVAL = (
     RANK_SLOT.index(name)
-    for name in ("loss", "canary_fingerprint", "replica_fingerprint", "grad_sumsq_local")
+    for name in (
+        "loss",
+        "canary_fingerprint",
+        "replica_fingerprint",
+        "grad_sumsq_local",
+        "step_time_s",
+        "arrival_unix_s",
+    )
 )
 
 
@@ -83,7 +104,7 @@ class MonitorConfig:
     # of every gradient, parameter and output, the parameter copy behind update RMS, and
     # two all-reduces (bench/hook_overhead.py measures both intervals).
     log_every: int = 10
-    export_interval_s: float = 1.0  # rank 0 sends a batch at most this often
+    export_interval_s: float = 1.0  # each exporting rank sends a batch at most this often
     queue_size: int = 1024  # logged steps waiting for export; more are counted and dropped
     flops_per_token: float | None = None  # None: 6 x non-embedding params (no attention term)
     peak_flops_per_s: float | None = None  # None: from the device table or measured on CPU
@@ -233,7 +254,7 @@ class Monitor:
         layer_numel = [0] * len(self.layers.names)
         for p, layer in zip(self.params, self.layers.param_layer, strict=True):
             layer_numel[layer] += p.numel()  # a DTensor's numel is its global size
-        self.layout = VectorLayout(len(self.layers.names), self.world_size, tuple(layer_numel))
+        self.layout = VectorLayout(len(self.layers.names), tuple(layer_numel))
         self._param_weight = [replication_weight(p, self.world_size) for p in self.params]
         self._plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
         self._constants: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # _layer_sums
@@ -315,13 +336,22 @@ class Monitor:
             if self.rank
             else peak_flops(self.device, self.cfg.peak_flops_per_s, self.cfg.peak_precision)
         )
-        shared = {"run_id": self.cfg.run_id or uuid.uuid4().hex[:12], "host": socket.gethostname()}
+        shared = {
+            "run_id": self.cfg.run_id or uuid.uuid4().hex[:12],
+            "host": socket.gethostname(),
+            "node": node_key(),
+        }
         gathered = [shared]
         if self.distributed:
             gathered = [None] * self.world_size
             dist.all_gather_object(
                 gathered, shared, group=self._group
             )  # sync point: once, at attach
+        self.node = (
+            find_node([g["node"] for g in gathered], self.rank, self._group)
+            if self.distributed
+            else Node((0,), 0)
+        )
         sizes = {}
         if self.mesh is not None:
             sizes = {n: self.mesh.size(i) for i, n in enumerate(self.mesh.mesh_dim_names or ())}
@@ -640,13 +670,19 @@ class Monitor:
             "grad_sumsq_local": -1.0,
         }
         act_sumsq, act_nonfinite, act_count = self._activation_stats()
+        # Job totals of power and energy: a rank without a reading adds 0 and is not counted.
+        (power, power_n), (energy, energy_n) = (
+            (value, 1.0) if math.isfinite(value) else (0.0, 0.0)
+            for value in (host_slot["power_w"], host_slot["energy_j"])
+        )
+        per_step = [tokens * w, power, power_n, energy, energy_n, float(self.telemetry_dropped)]
         # One host->device copy for every host-side number.
         host = self._upload(
-            [*act_count, tokens * w, *(host_slot.get(k, 0.0) for k in RANK_SLOT)], torch.float64
+            [*act_count, *per_step, *(host_slot.get(k, 0.0) for k in RANK_SLOT)], torch.float64
         )
         loss = loss.double().reshape(1)
         grad_sumsq, grad_nonfinite, param_sumsq, update_sumsq = self._param_stats()
-        slot = host[n + 1 :].clone()
+        slot = host[n + len(per_step) :].clone()
         slot[_LOSS] = loss[0]
         if self.comms.covers_grads:  # FSDP, DDP: read before the reduction
             slot[_GRAD_LOCAL] = local_grad_sumsq
@@ -658,34 +694,43 @@ class Monitor:
             slot[_CANARY] = self.canary.run().double()  # device to device: no sync
             if self.replica.group is not None:
                 slot[_REPLICA] = self.replica.fingerprint().double()
-        slots = torch.zeros(
-            self.world_size, len(RANK_SLOT), dtype=torch.float64, device=self.device
-        )
-        slots[self.rank] = slot
+        # records.py gives the layout: PER_STEP after the seven per-layer blocks.
         vec = torch.cat(
             [grad_sumsq, act_sumsq, host[:n], param_sumsq, update_sumsq,
              grad_nonfinite, act_nonfinite,
-             loss * (tokens * w), host[n : n + 1], slots.flatten()]
+             loss * (tokens * w), host[n : n + 1], loss, host[n + 1 : n + len(per_step)]]
         )  # fmt: skip
         # A bad step is seen by several ranks (tp copies, dp peers after the reduction): the
         # count travels as a max, the most steps any one rank saw, not once per rank.
-        vec_max = torch.cat([self._act_max, self._act_bad_steps, self._bad_steps.reshape(1)])
-        wait = _no_wait
+        vec_max = torch.cat(
+            [self._act_max, self._act_bad_steps, self._bad_steps.reshape(1),
+             slot[_STEP_TIME : _STEP_TIME + 1], slot[_ARRIVAL : _ARRIVAL + 1]]
+        )  # fmt: skip
+        wait, works = _no_wait, []
         if self.distributed:
             # Maxima cannot ride the SUM: a second, small reduction right behind it.
             works = [
                 dist.all_reduce(vec, group=self._group, async_op=True),
                 dist.all_reduce(vec_max, op=dist.ReduceOp.MAX, group=self._group, async_op=True),
             ]
+        slots = slot
+        if self.node.group is not None:
+            # The node's slots, to its leader (all of them receive: a few KB on the node).
+            slots = slot.new_empty(len(self.node.ranks) * len(RANK_SLOT))
+            works.append(
+                dist.all_gather_into_tensor(slots, slot, group=self.node.group, async_op=True)
+            )
+        if works:
             wait = lambda: [w.wait() for w in works]  # noqa: E731
         if pin:
             wait()  # on CUDA this orders our stream after the collective; the host does not block
-            parts = (torch.cat([vec, vec_max]).to("cpu", non_blocking=True),)  # pinned memory
+            both = torch.cat([vec, vec_max, slots])
+            parts = (both.to("cpu", non_blocking=True),)  # pinned memory
             ready = torch.cuda.Event()
             ready.record()
             wait = ready.synchronize
         else:
-            parts = (vec, vec_max)
+            parts = (vec, vec_max, slots)
         meta = StepMeta(self.step_count, lr, self.flops_per_token, self.peak_flops_per_s)
         try:
             self._queue.put_nowait(_Pending(meta, parts, wait))
@@ -695,7 +740,7 @@ class Monitor:
     # ------------------------------------------------------------------ background thread
 
     def _export_loop(self, run_meta: dict[str, Any]) -> None:
-        builder = BatchBuilder(self.run_id)
+        builder = ColumnBatch(self.run_id)
         if self.rank == 0:
             builder.append("runs", **{k: v for k, v in run_meta.items() if k != "run_id"})
         last_flush = time.monotonic()
@@ -709,7 +754,7 @@ class Monitor:
             if isinstance(item, _Flush):
                 if len(builder):
                     self._export(builder)
-                    builder, last_flush = BatchBuilder(self.run_id), time.monotonic()
+                    builder, last_flush = ColumnBatch(self.run_id), time.monotonic()
                 item.done.set()
                 continue
             urgent = isinstance(item, _Event)  # rare, and the record of a crash: sent at once
@@ -718,20 +763,29 @@ class Monitor:
             elif item is not None:
                 # sync point: on this export thread only; training never waits for it.
                 item.wait()
-                if self.rank == 0:
-                    meta = replace(item.meta, telemetry_dropped=self.telemetry_dropped)
-                    parts = [p.numpy() for p in item.parts]  # sync point: host, after wait()
-                    both = np.concatenate(parts)
-                    size = self.layout.size
-                    append_step(builder, self.layout, both[:size], both[size:], meta)
+                if self.rank == self.node.leader:
+                    self._add_rows(builder, item)
             due = time.monotonic() - last_flush >= self.cfg.export_interval_s
             if len(builder) and (due or urgent):
                 self._export(builder)
-                builder, last_flush = BatchBuilder(self.run_id), time.monotonic()
+                builder, last_flush = ColumnBatch(self.run_id), time.monotonic()
         if len(builder):
             self._export(builder)
 
-    def _export(self, builder: BatchBuilder) -> None:
+    def _add_rows(self, batch: ColumnBatch, item: _Pending) -> None:
+        """The rows of a reduced step: steps and layers on rank 0, the node's ranks on its
+        leader. Numpy columns throughout: O(layers + local ranks), nothing per row."""
+        # sync point: host, after wait(), on this export thread only.
+        both = np.concatenate([p.numpy() for p in item.parts])
+        size, max_size = self.layout.size, self.layout.max_size
+        v, v_max = both[:size], both[size : size + max_size]
+        if self.rank == 0:
+            add_step(batch, self.layout, v, v_max, item.meta, self.world_size)
+        slots = both[size + max_size :].reshape(len(self.node.ranks), len(RANK_SLOT))
+        release = release_unix_s(self.layout, v_max)
+        add_ranks(batch, item.meta.step, np.asarray(self.node.ranks), slots, release)
+
+    def _export(self, builder: ColumnBatch) -> None:
         try:
             self.exporter.export(builder)
         except Exception:  # an exporter must not raise; if one does, training goes on

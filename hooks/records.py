@@ -1,23 +1,29 @@
-"""The layout of the one vector each logged step reduces, and its unpacking into records.
+"""The layout of the vectors each logged step reduces, and their unpacking into columns.
 
 Every rank fills the same float64 vector; a SUM all-reduce then yields global values:
 
     [grad_sumsq | act_sumsq | act_count | param_sumsq | update_sumsq
      | grad_nonfinite | act_nonfinite  (L each)
-     | loss*tokens | tokens | rank slots x W*S]
+     | loss*tokens | tokens | loss | power_w | power ranks | energy_j | energy ranks
+     | telemetry_dropped]
 
 Maxima cannot ride a SUM, so a second, small vector goes through a MAX all-reduce issued
 right after the first on the same group:
 
-    [act_max_abs (L) | act_nonfinite_steps (L) | nonfinite_steps]
+    [act_max_abs (L) | act_nonfinite_steps (L) | nonfinite_steps | step_time_s
+     | arrival_unix_s]
 
-all three over every step since the previous logged one.
+the first three over every step since the previous logged one. Neither vector has a slot
+per rank: 9L + 11 numbers whatever the world size.
 
 Sums of squares and counts are already weighted by 1/copies (see layers.py), so the sum
-over ranks counts every element once. Each rank writes only its own rank slot (the S
-values of RANK_SLOT) and leaves the others zero, so the same SUM gathers every rank's
-timing, power and fingerprint: O(layers + ranks) numbers, one collective. A value a rank
-does not have is NaN in its own slot, and stays NaN after the sum (NaN + 0).
+over ranks counts every element once.
+
+What each rank reports about itself (RANK_SLOT: timing, power, fingerprints) travels
+within its node only: the node's leader gathers its ranks' slots over a group of the
+node's ranks, (local ranks x S) numbers, and exports them as ranks rows (monitor.py). A
+value a rank does not have is NaN in its slot and a null in its row. Rows are built as
+numpy columns (wire.ColumnBatch): no Python object per rank or per layer.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainvitals.schema import BatchBuilder
+from .wire import ColumnBatch
 
 # Per-step collective traffic, from hooks/comms.py.
 COMMS_FIELDS = tuple(
@@ -85,58 +91,60 @@ _PER_LAYER = (
     "grad_nonfinite",  # gradient tensors holding a NaN/inf at the logged step
     "act_nonfinite",  # non-finite block-output values of the logged step
 )
-_PER_STEP = ("loss_x_tokens", "tokens")
+# Summed over the ranks. power_ranks / energy_ranks count the ranks that measured it (a
+# rank without a reading adds 0 to both), so that no reading at all is told from 0 W.
+PER_STEP = (
+    "loss_x_tokens",
+    "tokens",
+    "loss",  # the ranks' local losses: their mean when no rank reported tokens
+    "power_w",
+    "power_ranks",
+    "energy_j",
+    "energy_ranks",
+    "telemetry_dropped",  # what each rank dropped so far (its queue, its exporter)
+)
+# Maxima over the ranks (after the per-layer maxima).
+MAX_PER_STEP = ("nonfinite_steps", "step_time_s", "arrival_unix_s")
 
 
 @dataclass(frozen=True)
 class VectorLayout:
     n_layers: int
-    world_size: int
     layer_numel: tuple[int, ...] = ()  # global parameter count of each layer
 
     @property
     def size(self) -> int:
-        return len(_PER_LAYER) * self.n_layers + len(_PER_STEP) + len(RANK_SLOT) * self.world_size
+        """Length of the SUM vector: independent of the world size."""
+        return len(_PER_LAYER) * self.n_layers + len(PER_STEP)
+
+    @property
+    def max_size(self) -> int:
+        """Length of the MAX vector."""
+        return 2 * self.n_layers + len(MAX_PER_STEP)
 
     def per_layer(self, v: np.ndarray, name: str) -> np.ndarray:
         i = _PER_LAYER.index(name)
         return v[i * self.n_layers : (i + 1) * self.n_layers]
 
-    def grad_sumsq(self, v: np.ndarray) -> np.ndarray:
-        return self.per_layer(v, "grad_sumsq")
-
-    def act_sumsq(self, v: np.ndarray) -> np.ndarray:
-        return self.per_layer(v, "act_sumsq")
-
-    def act_count(self, v: np.ndarray) -> np.ndarray:
-        return self.per_layer(v, "act_count")
-
     def per_step(self, v: np.ndarray, name: str) -> float:
-        return float(v[len(_PER_LAYER) * self.n_layers + _PER_STEP.index(name)])
+        return float(v[len(_PER_LAYER) * self.n_layers + PER_STEP.index(name)])
 
-    def rank_slots(self, v: np.ndarray) -> np.ndarray:
-        """(world_size, len(RANK_SLOT)) array, columns named by RANK_SLOT."""
-        start = len(_PER_LAYER) * self.n_layers + len(_PER_STEP)
-        return v[start:].reshape(self.world_size, len(RANK_SLOT))
+    def max_per_step(self, v_max: np.ndarray, name: str) -> float:
+        return float(v_max[2 * self.n_layers + MAX_PER_STEP.index(name)])
 
 
 @dataclass(frozen=True)
 class StepMeta:
-    """What the host knew when the step's vector was packed."""
+    """What the host knew when the step's vectors were packed."""
 
     step: int
     lr: float | None
     flops_per_token: float
     peak_flops_per_s: float
-    telemetry_dropped: int = 0
 
 
 def _safe_div(a: float, b: float) -> float:
     return a / b if b else math.nan
-
-
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 def _measured_rms(sumsq: float, numel: float = 1.0) -> float | None:
@@ -146,43 +154,46 @@ def _measured_rms(sumsq: float, numel: float = 1.0) -> float | None:
     return None if sumsq < 0 else math.sqrt(sumsq / numel)
 
 
-def _int_or_none(x: float) -> int | None:
-    return int(x) if math.isfinite(x) else None
+def release_unix_s(layout: VectorLayout, v_max: np.ndarray) -> float:
+    """The release of the step's synchronisation point: the last rank's arrival. Every
+    other rank waits that long for it (clocks of different hosts agree to NTP accuracy)."""
+    return layout.max_per_step(v_max, "arrival_unix_s")
 
 
-def _step_loss(layout: VectorLayout, v: np.ndarray, ranks: np.ndarray, tokens: float) -> float:
-    """The job's loss: token-weighted over the ranks; their plain mean if no rank reported
-    tokens (step(tokens=0)), where the weighted mean would be 0/0."""
-    if tokens > 0:
-        return layout.per_step(v, "loss_x_tokens") / tokens
-    return float(np.mean(ranks[:, _SLOT["loss"]]))
-
-
-def append_step(
-    builder: BatchBuilder, layout: VectorLayout, v: np.ndarray, v_max: np.ndarray, meta: StepMeta
+def add_step(
+    batch: ColumnBatch,
+    layout: VectorLayout,
+    v: np.ndarray,
+    v_max: np.ndarray,
+    meta: StepMeta,
+    world_size: int,
 ) -> None:
-    """Turn one reduced vector (and its MAX companion) into a steps row, L layers rows and W
-    ranks rows."""
-    ranks = layout.rank_slots(v)
+    """The steps row and the L layers rows of one reduced vector (and its MAX companion)."""
     tokens = layout.per_step(v, "tokens")
     # In a synchronous job the step ends when the slowest rank ends.
-    step_time_s = float(ranks[:, _SLOT["step_time_s"]].max())
+    step_time_s = layout.max_per_step(v_max, "step_time_s")
     tokens_per_s = _safe_div(tokens, step_time_s)
-    tflops_per_device = tokens_per_s * meta.flops_per_token / layout.world_size / 1e12
-    grad_sumsq = layout.grad_sumsq(v)
+    tflops_per_device = tokens_per_s * meta.flops_per_token / world_size / 1e12
+    grad_sumsq = layout.per_layer(v, "grad_sumsq")
     grad_nonfinite = layout.per_layer(v, "grad_nonfinite")
     act_nonfinite = layout.per_layer(v, "act_nonfinite")
-    power = ranks[:, _SLOT["power_w"]]
-    energy = ranks[:, _SLOT["energy_j"]]
-    # The release of the step's synchronisation point is the last rank's arrival: every
-    # other rank waits that long for it (clocks of different hosts agree to NTP accuracy).
-    # It also dates the step, however late the export thread gets to it.
-    release = float(ranks[:, _SLOT["arrival_unix_s"]].max())
-    builder.append(
+    # The job's loss: token-weighted over the ranks; their plain mean if no rank reported
+    # tokens (step(tokens=0)), where the weighted mean would be 0/0.
+    loss = (
+        layout.per_step(v, "loss_x_tokens") / tokens
+        if tokens > 0
+        else layout.per_step(v, "loss") / world_size
+    )
+    power_ranks, energy_ranks = (
+        layout.per_step(v, "power_ranks"),
+        layout.per_step(v, "energy_ranks"),
+    )
+    batch.append(
         "steps",
         step=meta.step,
-        time_unix_s=release,
-        loss=_step_loss(layout, v, ranks, tokens),
+        # It also dates the step, however late the export thread gets to it.
+        time_unix_s=release_unix_s(layout, v_max),
+        loss=loss,
         grad_norm=math.sqrt(grad_sumsq.sum()),
         lr=meta.lr,
         tokens=round(tokens),
@@ -191,43 +202,71 @@ def append_step(
         tflops_per_s_per_device=tflops_per_device,
         mfu_ratio=tflops_per_device * 1e12 / meta.peak_flops_per_s,
         # Job totals over the ranks that report power; None when none does.
-        power_w=float(np.nansum(power)) if np.isfinite(power).any() else None,
-        energy_j=float(np.nansum(energy)) if np.isfinite(energy).any() else None,
+        power_w=layout.per_step(v, "power_w") if power_ranks else None,
+        energy_j=layout.per_step(v, "energy_j") if energy_ranks else None,
         nonfinite_count=round(grad_nonfinite.sum() + act_nonfinite.sum()),
-        nonfinite_steps=round(v_max[-1]),
-        telemetry_dropped=meta.telemetry_dropped,
+        nonfinite_steps=round(layout.max_per_step(v_max, "nonfinite_steps")),
+        telemetry_dropped=round(layout.per_step(v, "telemetry_dropped")),
     )
-    act_rms = np.sqrt(layout.act_sumsq(v) / np.maximum(layout.act_count(v), 1e-300))
-    param_norm = np.sqrt(layout.per_layer(v, "param_sumsq"))
-    update_sumsq = layout.per_layer(v, "update_sumsq")  # negative: not measured
-    for layer in range(layout.n_layers):
-        builder.append(
-            "layers",
-            step=meta.step,
-            layer=layer,
-            grad_norm=math.sqrt(grad_sumsq[layer]),
-            act_rms=float(act_rms[layer]),
-            act_max_abs=float(v_max[layer]),
-            act_nonfinite_steps=round(v_max[layout.n_layers + layer]),
-            param_norm=float(param_norm[layer]),
-            # The change made by the optimizer step just before this step; None when
-            # none was measured (a run's first logged step, which no optimizer step
-            # precedes), NaN or inf when the step wrote non-finite weights.
-            update_rms=_measured_rms(float(update_sumsq[layer]), layout.layer_numel[layer]),
-            nonfinite_count=round(grad_nonfinite[layer]),
-            act_nonfinite_count=round(act_nonfinite[layer]),
-        )
-    for rank in range(layout.world_size):
-        slot = {name: float(x) for name, x in zip(RANK_SLOT, ranks[rank], strict=True)}
-        builder.append(
-            "ranks",
-            step=meta.step,
-            rank=rank,
-            step_time_s=slot["step_time_s"],
-            tokens_per_s=_safe_div(slot["tokens"], slot["step_time_s"]),
-            loss=slot["loss"],
-            grad_norm_local=_measured_rms(slot["grad_sumsq_local"]),
-            wait_time_s=release - slot["arrival_unix_s"],
-            **{name: _finite_or_none(slot[name]) for name in _AS_IS},
-            **{name: _int_or_none(slot[name]) for name in _INTEGER},
-        )
+    n = layout.n_layers
+    act_rms = np.sqrt(
+        layout.per_layer(v, "act_sumsq") / np.maximum(layout.per_layer(v, "act_count"), 1e-300)
+    )
+    # The change made by the optimizer step just before this step; null when none was
+    # measured (negative: a run's first logged step, which no optimizer step precedes),
+    # NaN or inf when the step wrote non-finite weights.
+    update_sumsq = layout.per_layer(v, "update_sumsq")
+    numel = np.asarray(layout.layer_numel, dtype=np.float64) if layout.layer_numel else 1.0
+    measured = ~(update_sumsq < 0)  # NaN is measured
+    with np.errstate(invalid="ignore"):
+        update_rms = np.sqrt(np.where(measured, update_sumsq, 0.0) / numel)
+    batch.add(
+        "layers",
+        {
+            "step": (np.full(n, meta.step, dtype=np.int64), None),
+            "layer": (np.arange(n, dtype=np.int64), None),
+            "grad_norm": (np.sqrt(grad_sumsq), None),
+            "act_rms": (act_rms, None),
+            "act_max_abs": (v_max[:n].copy(), None),
+            "act_nonfinite_steps": (np.rint(v_max[n : 2 * n]).astype(np.int64), None),
+            "param_norm": (np.sqrt(layout.per_layer(v, "param_sumsq")), None),
+            "update_rms": (update_rms, None if measured.all() else measured),
+            "nonfinite_count": (np.rint(grad_nonfinite).astype(np.int64), None),
+            "act_nonfinite_count": (np.rint(act_nonfinite).astype(np.int64), None),
+        },
+        n,
+    )
+
+
+def add_ranks(
+    batch: ColumnBatch, step: int, ranks: np.ndarray, slots: np.ndarray, release_unix_s: float
+) -> None:
+    """The ranks rows of one node: `slots` (len(ranks), len(RANK_SLOT)) as gathered from the
+    node's ranks, columns named by RANK_SLOT; `ranks` their global ranks."""
+    n = len(ranks)
+    col = {name: slots[:, i] for name, i in _SLOT.items()}
+    step_time_s = col["step_time_s"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tokens_per_s = np.where(step_time_s != 0, col["tokens"] / step_time_s, np.nan)
+        grad_sumsq = col["grad_sumsq_local"]
+        grad_measured = ~(grad_sumsq < 0)
+        grad_norm_local = np.sqrt(np.where(grad_measured, grad_sumsq, 0.0))
+    columns = {
+        "step": (np.full(n, step, dtype=np.int64), None),
+        "rank": (np.asarray(ranks, dtype=np.int64), None),
+        "step_time_s": (step_time_s, None),
+        "tokens_per_s": (tokens_per_s, None),
+        "loss": (col["loss"], None),
+        "grad_norm_local": (grad_norm_local, None if grad_measured.all() else grad_measured),
+        "wait_time_s": (release_unix_s - col["arrival_unix_s"], None),
+    }
+    for name in _AS_IS:  # NaN: not reported, a null
+        values = col[name]
+        finite = np.isfinite(values)
+        columns[name] = (values, None if finite.all() else finite)
+    for name in _INTEGER:
+        values = col[name]
+        finite = np.isfinite(values)
+        ints = np.where(finite, values, 0.0).astype(np.int64)
+        columns[name] = (ints, None if finite.all() else finite)
+    batch.add("ranks", columns, n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from trainvitals.hooks.exporter import (
     JsonlExporter,
     MultiExporter,
 )
+from trainvitals.schema import decode_msgpack
 
 
 def _stored_steps(store: Path, run_id: str = "r1") -> list[int]:
@@ -62,13 +64,18 @@ class _FailsOnPoison(BaseHTTPRequestHandler):
     the others (kept in `received`). The real collector has no such batch left to fail on,
     which is why this part is not real."""
 
-    received: ClassVar[list[bytes]] = []
+    received: ClassVar[list[dict]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))
-        poisoned = b'"run_id":"poison"' in body
+        # msgpack as sent, JSON as resent from the spool
+        binary = self.headers["content-type"] == "application/msgpack"
+        if self.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        doc = decode_msgpack(body) if binary else orjson.loads(body)
+        poisoned = doc["run_id"] == "poison"
         if not poisoned:
-            self.received.append(body)
+            self.received.append(doc)
         self.send_response(500 if poisoned else 202)
         self.send_header("content-length", "0")
         self.end_headers()
@@ -95,7 +102,7 @@ def test_a_batch_the_collector_keeps_failing_on_is_set_aside(tmp_path: Path, col
     # Two drains keep the order (the good batches queue behind it); the third sets it aside
     # and delivers the three in order.
     assert delivered == [False, False, True]
-    assert [orjson.loads(b)["steps"]["step"][0] for b in _FailsOnPoison.received] == [0, 3, 6]
+    assert [doc["steps"]["step"][0] for doc in _FailsOnPoison.received] == [0, 3, 6]
     assert exporter.dropped_batches == 1 and exporter.spool.pending() == []
     assert [p.name for p in spool.iterdir()] == ["000000000000.failed.json"]
     argv = [sys.executable, "-m", "trainvitals", "import", str(spool), "--collector", collector.url]

@@ -70,7 +70,8 @@ def test_otlp_and_native_ingest_store_identical_rows(tmp_path: Path) -> None:
     try:
         for table in STORE_TABLES:  # alerts too: the analyzer saw the same records
             expected = _rows(con, table, "native")
-            assert expected or table == "alerts", table
+            # heartbeats come from the ranks' own sender (hooks/heartbeat.py), not batches
+            assert expected or table in ("alerts", "heartbeats"), table
             assert _rows(con, table, "otlp") == expected, table
     finally:
         con.close()
