@@ -65,11 +65,15 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {limit} bytes")
     chunks, size = [], 0
     try:
+        # All at once where the size is declared: concurrent bodies that each took a part
+        # as they streamed in could all run out halfway, and all get 503.
+        reserved = int(declared) if declared and declared.isdigit() else 0
+        reserve_for(request, reserved)
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
-            reserve_for(request, len(chunk))
+            reserve_for(request, size - max(reserved, size - len(chunk)))
             chunks.append(chunk)
         body = b"".join(chunks)
         if encoding == "identity":
