@@ -22,7 +22,7 @@ from trainvitals.schema import SchemaError, decode_json, decode_msgpack, to_arro
 from .deps import get_settings, get_store
 from .limits import GzipError, OverBudget, TooLarge, gunzip, reserve_for
 from .settings import Settings
-from .store import QueueFull, Store, StoreError
+from .store import Store, StoreError, Unavailable
 
 router = APIRouter(tags=["ingest"])
 
@@ -116,7 +116,7 @@ async def ingest(
         raise HTTPException(422, str(e)) from e
     try:
         committed = store.submit(run_id, tables)
-    except QueueFull as e:
+    except Unavailable as e:  # a full write queue, a full disk
         raise HTTPException(503, f"{e}; retry later", headers={"Retry-After": "1"}) from e
     except StoreError as e:
         raise HTTPException(409, str(e)) from e

@@ -94,6 +94,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store: Store = request.app.state.store
         return {"status": "ok", "replay": store.read_only, "queue_depth_batches": store.queue_depth}
 
+    @app.get("/readyz", tags=["health"])
+    @app.head("/readyz", tags=["health"])
+    def readyz(request: Request) -> Response:
+        """200 while the store takes writes (or serves a stored run); 503 naming why not (a
+        full disk: the collector retries by itself, and is ready again once it can write)."""
+        store: Store = request.app.state.store
+        ready = store.unwritable is None
+        body = {"ready": ready, "replay": store.read_only}
+        if not ready:
+            body["reason"] = f"the store cannot take writes: {store.unwritable}"
+        return FastJSONResponse(body, status_code=200 if ready else 503)
+
     app.include_router(ingest.router)
     app.include_router(heartbeat.router)  # POST /api/v1/heartbeats, for the watchdog
     app.include_router(query.router)

@@ -120,6 +120,12 @@ class TrainvitalsCollector(Collector):
         yield dropped
         yield ended
         yield from _self_metrics(stats, self.store.queue_depth, self.store.analysis)
+        yield GaugeMetricFamily(
+            "trainvitals_collector_store_writable",
+            "1 while the store takes writes; 0 after a write failed for want of storage (a "
+            "full disk), until the collector reopens it (see /readyz).",
+            value=float(self.store.unwritable is None),
+        )
         if self.watchdog is not None:
             yield from _watchdog_metrics(self.watchdog)
 

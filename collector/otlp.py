@@ -42,7 +42,7 @@ from trainvitals.schema import SCHEMA_VERSION, TABLES, Field, SchemaError, Table
 from .deps import get_settings, get_store
 from .ingest import COMMIT_TIMEOUT_S, check_token, read_body
 from .settings import Settings
-from .store import QueueFull, Store, StoreError
+from .store import Store, StoreError, Unavailable
 
 router = APIRouter(tags=["otlp"])
 
@@ -360,7 +360,7 @@ async def _receive(
         for run_id, tables in batches[start : start + wave]:
             try:
                 futures.append(asyncio.wrap_future(store.submit(run_id, tables)))
-            except QueueFull as e:
+            except Unavailable as e:  # a full write queue, a full disk
                 headers = {"Retry-After": "1"}
                 raise HTTPException(503, f"{e}; retry later", headers=headers) from e
             except StoreError as e:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 
 RETENTION_CHECK_S = 3600.0  # how often an idle writer looks for expired runs
+# How often a writer whose store failed for want of storage tries to reopen it. A try is an
+# ATTACH (a few ms; it replays the write-ahead log, so nothing committed is lost).
+HEAL_RETRY_S = 1.0
 GROUP_MAX_BATCHES = 256  # batches committed together at most (one transaction)
 # Rows per row group of the store. DuckDB writes the rows a transaction appends to a table
 # straight to the database file, compressed, once they fill a row group (an "optimistic
@@ -58,8 +61,16 @@ class StoreError(RuntimeError):
     """The store cannot be opened or written."""
 
 
-class QueueFull(StoreError):
-    """The writer is behind; the sender should retry later."""
+class Unavailable(StoreError):
+    """The store cannot take a batch now; the sender should retry later (503)."""
+
+
+class QueueFull(Unavailable):
+    """The writer is behind."""
+
+
+class Unwritable(Unavailable):
+    """The store's last write failed for want of storage (a full disk); it heals by itself."""
 
 
 _STOP = object()
@@ -103,6 +114,8 @@ class Store:
         self.retention_days = retention_days
         self._queue: queue.Queue = queue.Queue(maxsize=queue_max_batches)
         self._writer: threading.Thread | None = None
+        # Why the store cannot take writes (a full disk), or None: /readyz and /metrics.
+        self.unwritable: str | None = None
 
     def _create_tables(self) -> None:
         for table in STORE_TABLES.values():
@@ -137,6 +150,8 @@ class Store:
         """
         if self.read_only:
             raise StoreError("store is open read-only (replay mode)")
+        if self.unwritable is not None:
+            raise Unwritable(f"the store cannot take writes: {self.unwritable}")
         done: Future = Future()
         try:
             self._queue.put_nowait((run_id, tables, done))
@@ -161,13 +176,17 @@ class Store:
         return cur
 
     def _write_loop(self) -> None:
-        cur = self.cursor()
-        self.drop_expired(cur)
+        self._cur = self.cursor()
+        self.drop_expired(self._cur)
         while True:
             try:
-                item = self._queue.get(timeout=RETENTION_CHECK_S)
+                wait_s = RETENTION_CHECK_S if self.unwritable is None else HEAL_RETRY_S
+                item = self._queue.get(timeout=wait_s)
             except queue.Empty:
-                self.drop_expired(cur)  # an idle writer is the one that prunes
+                if self.unwritable is not None:
+                    self._heal()
+                else:
+                    self.drop_expired(self._cur)  # an idle writer is the one that prunes
                 continue
             if item is _STOP:
                 self._queue.task_done()
@@ -180,23 +199,35 @@ class Store:
                 except queue.Empty:
                     break
                 if nxt is _STOP:
-                    self._write(cur, group)
+                    self._write(group)
                     self._queue.task_done()
                     return
                 group.append(nxt)
-            self._write(cur, group)
+            self._write(group)
 
-    def _write(self, cur: duckdb.DuckDBPyConnection, group: list[tuple]) -> None:
+    def _write(self, group: list[tuple]) -> None:
         start = time.perf_counter()
+        stored: list[tuple] = []
         try:
-            added = _append(cur, [tables for _, tables, _ in group])
+            if self.unwritable is not None and not self._heal():
+                raise Unwritable(self.unwritable)
+            durable: list[Exception] = []
+            added = _append(self._cur, [tables for _, tables, _ in group], durable)
             pairs = zip(group, added, strict=True)
             stored = [(run_id, rows, done) for (run_id, _, done), rows in pairs]
+            if durable:  # committed, then the checkpoint after it failed: heal before more
+                self._lost_storage(durable[0])
         except Exception as e:
-            if len(group) == 1:
-                stored = self._failed(group[0], e)
+            if isinstance(e, Unwritable) or _out_of_storage(e):
+                # Every batch would fail alike: each is refused, and the store heals first.
+                if self.unwritable is None:
+                    self._lost_storage(e)
+                for item in group:
+                    self._failed(item, e)
+            elif len(group) == 1:
+                self._failed(group[0], e)
             else:  # find the bad batch: the others still land, each whole
-                stored = [ok for item in group if (ok := self._write_one(cur, item))]
+                stored = [ok for item in group if (ok := self._write_one(self._cur, item))]
         seconds = time.perf_counter() - start
         # Only the rows the store added go on: a resent key keeps its first copy in the
         # store, so /metrics and the analyzer must not see the resend's values either.
@@ -213,7 +244,10 @@ class Store:
         """(run_id, rows added, future) once `item` is stored; None if it failed."""
         run_id, tables, done = item
         try:
-            (added,) = _append(cur, [tables])
+            durable: list[Exception] = []
+            (added,) = _append(cur, [tables], durable)
+            if durable:
+                self._lost_storage(durable[0])
             return run_id, added, done
         except Exception as e:
             self._failed(item, e)
@@ -223,10 +257,38 @@ class Store:
         # Counted and exported (trainvitals_collector_write_errors_total); the sender hears
         # of it and resends; later batches still land.
         run_id, _, done = item
-        log.exception("writing a batch of run %s failed", run_id)
+        if isinstance(error, Unwritable):
+            log.warning("batch of run %s not stored: %s", run_id, error)
+        else:
+            log.exception("writing a batch of run %s failed", run_id)
         self.state.count_write(None)
-        done.set_exception(StoreError(f"batch not stored: {error}"))
+        done.set_exception(StoreError(f"batch not stored: {_cause(error)}"))
         return []
+
+    def _lost_storage(self, error: Exception) -> None:
+        """A write failed for want of storage: refuse writes (503) until `_heal` works."""
+        self.unwritable = f"disk full or unwritable ({_cause(error)})"
+        log.error("store %s cannot take writes: %s; retrying every %g s",
+                  self.path, self.unwritable, HEAL_RETRY_S)  # fmt: skip
+
+    def _heal(self) -> bool:
+        """Reopen the store after a failed write (DuckDB refuses every statement once a
+        checkpoint has failed, until the database is attached again). Attaching replays
+        the write-ahead log: every acknowledged batch is there. True once writable."""
+        try:
+            self._cur.close()
+            fresh = self._con.cursor()  # in the in-memory catalog: the store can be detached
+            fresh.execute(f"DETACH DATABASE IF EXISTS {_DB}")
+            _attach(fresh, self.path)
+            fresh.close()
+            self._cur = self.cursor()
+            self._cur.execute("CHECKPOINT")  # space for the log's rows, or fail here
+        except duckdb.Error as e:
+            self.unwritable = f"disk full or unwritable ({_cause(e)})"
+            return False
+        log.warning("store %s takes writes again", self.path)
+        self.unwritable = None
+        return True
 
     def drop_expired(self, cur: duckdb.DuckDBPyConnection | None = None) -> list[str]:
         """Delete every row of runs whose last step is older than `retention_days`."""
@@ -296,15 +358,53 @@ def damaged(path: str, error: Exception) -> str:
     )
 
 
+def _out_of_storage(error: BaseException) -> bool:
+    """True if `error` (or what it was raised in handling of) is a failed write of the file:
+    a full disk, or the database DuckDB invalidated after a failed checkpoint."""
+    while error is not None:
+        text = str(error)
+        if "No space left" in text or "has been invalidated" in text or "Could not write" in text:
+            return True
+        error = error.__context__
+    return False
+
+
+def _cause(error: BaseException) -> str:
+    """The first line of the error that started it (not 'cannot rollback' after it)."""
+    while error.__context__ is not None and _out_of_storage(error.__context__):
+        error = error.__context__
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return text[:300]
+
+
 def _open_writable(path: str) -> duckdb.DuckDBPyConnection:
     """The store file, attached with ROW_GROUP_SIZE-row groups (see above) as the default."""
+    file = Path(path)
+    if file.is_file() and file.stat().st_size == 0:
+        # Left by a start that failed on a full disk (DuckDB creates the file, then cannot
+        # write its header); it holds nothing, and DuckDB refuses to open it.
+        log.warning("store %s is an empty file, left by a failed start: made anew", path)
+        file.unlink()
+    existed = file.exists()
     con = duckdb.connect()
     quoted = path.replace("'", "''")
     # Spill files next to the store, as DuckDB puts them for a database opened directly.
     con.execute(f"SET temp_directory = '{quoted}.tmp'")
+    try:
+        _attach(con, path)
+    except duckdb.Error:
+        con.close()
+        if not existed:  # no empty file behind, for the next start to refuse
+            file.unlink(missing_ok=True)
+            Path(f"{path}.wal").unlink(missing_ok=True)
+        raise
+    return con
+
+
+def _attach(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    quoted = path.replace("'", "''")
     con.execute(f"ATTACH '{quoted}' AS {_DB} (ROW_GROUP_SIZE {ROW_GROUP_SIZE})")
     con.execute(f"USE {_DB}")
-    return con
 
 
 def _open_read_only(path: str) -> duckdb.DuckDBPyConnection:
@@ -362,23 +462,25 @@ def _parquet_source(root: Path, table: str) -> str | None:
 
 
 def _append(
-    cur: duckdb.DuckDBPyConnection, batches: list[dict[str, pa.Table]]
+    cur: duckdb.DuckDBPyConnection, batches: list[dict[str, pa.Table]], durable: list
 ) -> list[dict[str, pa.Table]]:
     """One transaction for every batch of `batches` together; per batch, the rows it added.
 
     A batch adds all its rows, unless a key is stored already (a resend) or came earlier in
-    the group: that row is left out, as the store keeps the first copy.
+    the group: that row is left out, as the store keeps the first copy. A commit that
+    succeeded although the checkpoint after it failed returns, its error put in `durable`.
     """
     try:
-        with _transaction(cur):
+        with _transaction(cur, durable):
             for name, arrow in _merged(batches).items():
                 _insert(cur, name, arrow)
         return batches
     except duckdb.ConstraintException:
         # Rarely so: plain INSERT first, as finding out which rows are new costs about
         # twice the CPU per row even when nothing conflicts.
-        with _transaction(cur):
-            return _insert_new(cur, batches)
+        with _transaction(cur, durable):
+            added = _insert_new(cur, batches)
+        return added
 
 
 def _merged(batches: list[dict[str, pa.Table]]) -> dict[str, pa.Table]:
@@ -391,13 +493,24 @@ def _merged(batches: list[dict[str, pa.Table]]) -> dict[str, pa.Table]:
 
 
 @contextmanager
-def _transaction(cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
+def _transaction(cur: duckdb.DuckDBPyConnection, durable: list) -> Iterator[None]:
     cur.execute("BEGIN")
     try:
         yield
-        cur.execute("COMMIT")
     except Exception:
         cur.execute("ROLLBACK")
+        raise
+    try:
+        cur.execute("COMMIT")
+    except duckdb.Error as e:
+        # "Transaction COMMIT succeeded and is durable, but the autocheckpoint failed": the
+        # rows are stored (the write-ahead log holds them), the database is not usable until
+        # attached again. Acknowledged, as stored; anything else is a failed commit.
+        if "succeeded and is durable" in str(e):
+            durable.append(e)
+            return
+        with suppress(duckdb.Error):  # DuckDB has usually ended the transaction already
+            cur.execute("ROLLBACK")
         raise
 
 
