@@ -36,17 +36,22 @@ DECODERS = {
 
 
 def check_token(settings: Settings, authorization: str | None) -> None:
-    if not settings.ingest_token:
-        return
-    # "<scheme> <token>"; the scheme is case-insensitive (RFC 7235 section 2.1).
-    scheme, _, token = (authorization or "").strip().partition(" ")
-    right = scheme.lower() == "bearer" and hmac.compare_digest(
-        token.strip().encode(), settings.ingest_token.encode()
-    )
-    if not right:
+    """401 unless `authorization` carries the write (ingest) token, where one is set."""
+    if not bearer_matches(authorization, settings.ingest_token):
         raise HTTPException(
             401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
         )
+
+
+def bearer_matches(authorization: str | None, expected: str) -> bool:
+    """True if `expected` is '' (no token set) or `authorization` is 'Bearer <expected>'."""
+    if not expected:
+        return True
+    # "<scheme> <token>"; the scheme is case-insensitive (RFC 7235 section 2.1).
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip().encode(), expected.encode()
+    )
 
 
 async def read_body(request: Request, limit: int) -> bytes:

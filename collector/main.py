@@ -5,6 +5,7 @@ uvicorn --factory trainvitals.collector.main:app_from_env
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse
 from trainvitals.analyzer import Analyzer
 
 from . import heartbeat, ingest, metrics, otlp, query
+from .ingest import bearer_matches
 from .limits import DecodeBudget, release_for
 from .settings import Settings
 from .store import Store
@@ -45,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             memory_limit=settings.memory_limit,
         )
         store.start()
+        _warn_if_open(settings)
         app.state.settings = settings
         app.state.decode_budget = DecodeBudget(settings.max_decoding_bytes)
         app.state.store = store
@@ -82,6 +85,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         _count(request, response.status_code)
         return response
 
+    @app.middleware("http")
+    async def require_reader(request: Request, call_next) -> Response:
+        # Reads need the read token (or the ingest token where no read token is set):
+        # the query API holds every run's data, and /docs and /openapi.json map it.
+        # Writes check the ingest token in their routers; probes stay open.
+        path = request.url.path
+        if path in _OPEN_PATHS or path in _WRITE_PATHS:
+            return await call_next(request)
+        if not bearer_matches(request.headers.get("authorization"), settings.reader_token):
+            return FastJSONResponse(
+                {"detail": "missing or wrong bearer token (reads need the read token)"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return await call_next(request)
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's default is fine but verbose; keep the field path and the reason.
@@ -114,6 +133,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+_OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes: no data in them
+# Their routers check the ingest token (ingest.check_token).
+_WRITE_PATHS = frozenset({"/api/v1/ingest", heartbeat.PATH, "/v1/metrics"})
+
+
 def _count(request: Request, status: int) -> None:
     """Count a request by status in /metrics; a 4xx to ingest is a rejected batch too."""
     store = getattr(request.app.state, "store", None)
@@ -122,6 +146,28 @@ def _count(request: Request, status: int) -> None:
     store.state.count_request(status)
     if request.url.path in ("/api/v1/ingest", heartbeat.PATH) and 400 <= status < 500:
         store.state.count_rejected()
+
+
+def open_to_the_network(settings: Settings) -> str | None:
+    """A warning if the collector listens beyond loopback with no token, else None."""
+    if settings.host in ("127.0.0.1", "localhost", "::1") or settings.host.startswith("127."):
+        return None
+    tokens = {"reads": settings.reader_token}
+    if not settings.replay:  # a replay takes no writes
+        tokens["writes"] = settings.ingest_token
+    unguarded = " and ".join(what for what, token in tokens.items() if not token)
+    if not unguarded:
+        return None
+    return (
+        f"WARNING: the collector listens on {settings.host} with no token for {unguarded}: "
+        "anyone who can reach it can read every run's data or write into any run. Set "
+        "--token (TRAINVITALS_INGEST_TOKEN) and --read-token (TRAINVITALS_READ_TOKEN)"
+    )
+
+
+def _warn_if_open(settings: Settings) -> None:
+    if warning := open_to_the_network(settings):
+        logging.getLogger(__name__).warning(warning)
 
 
 def app_from_env() -> FastAPI:

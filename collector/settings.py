@@ -20,7 +20,14 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     replay: bool = Field(False, description="serve a stored run read-only; ingest is refused")
     ingest_token: str = Field(
-        "", description="if set, ingest requires 'Authorization: Bearer <token>'"
+        "",
+        description="if set, writes (ingest, OTLP, heartbeats) require 'Authorization: Bearer "
+        "<token>', and so do reads unless read_token is set",
+    )
+    read_token: str = Field(
+        "",
+        description="if set, reads (query API, /metrics, /docs, /openapi.json) require "
+        "'Authorization: Bearer <token>' with this token; /healthz and /readyz stay open",
     )
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest accepted ingest body")
     max_decoding_bytes: int = Field(
@@ -59,6 +66,22 @@ class Settings(BaseSettings):
         if not v:
             raise ValueError("store_path must not be empty")
         return v
+
+    @field_validator("ingest_token", "read_token")
+    @classmethod
+    def _no_spaces_around(cls, v: str, info) -> str:
+        if v != v.strip():
+            # "Bearer <token>" is split on spaces: such a token could never match.
+            raise ValueError(
+                f"{info.field_name} has leading or trailing spaces, so no request could ever "
+                "match it; remove them"
+            )
+        return v
+
+    @property
+    def reader_token(self) -> str:
+        """The token reads need: the read token, else the ingest token ('' for none)."""
+        return self.read_token or self.ingest_token
 
     @model_validator(mode="after")
     def _budget_holds_a_body(self) -> Settings:

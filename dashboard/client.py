@@ -13,6 +13,7 @@ honest message: `CollectorUnavailable` (nothing answers at the URL), `RunNotFoun
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,9 +91,19 @@ class Series:
 class CollectorClient:
     """Synchronous client over httpx; one connection pool, safe to share between threads."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, base_url: str = DEFAULT_URL, timeout_s: float = 5.0, token: str | None = None
+    ) -> None:
+        """`token`: the collector's read token; None reads TRAINVITALS_READ_TOKEN, else
+        TRAINVITALS_INGEST_TOKEN (a collector with one token for both), the variables the
+        collector itself reads."""
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        if token is None:
+            token = os.environ.get("TRAINVITALS_READ_TOKEN") or os.environ.get(
+                "TRAINVITALS_INGEST_TOKEN", ""
+            )
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         """Close the connection pool."""

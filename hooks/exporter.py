@@ -9,6 +9,7 @@ and resends them, in order, when the collector is back.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -101,6 +102,8 @@ class HttpExporter:
 
         self.url = url.rstrip("/") + "/api/v1/ingest"
         headers = {}
+        if token is None:  # the collector's own variable for its write token
+            token = os.environ.get("TRAINVITALS_INGEST_TOKEN", "")
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._client = httpx.Client(timeout=timeout_s, headers=headers)

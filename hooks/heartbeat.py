@@ -130,6 +130,8 @@ class HeartbeatSender:
         self.host = socket.gethostname()
         self.interval_s = interval_s
         headers = {"content-type": "application/json"}
+        if token is None:  # the collector's own variable for its write token
+            token = os.environ.get("TRAINVITALS_INGEST_TOKEN", "")
         if token:
             headers["authorization"] = f"Bearer {token}"
         # One attempt may not outlast the interval: the next heartbeat is the retry.

@@ -50,6 +50,7 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
             port=args.port,
             replay=args.replay,
             **({"ingest_token": args.token} if args.token else {}),
+            **({"read_token": args.read_token} if args.read_token else {}),
             **({"analyzer_config": args.analyzer_config} if args.analyzer_config else {}),
             **({"analyzer_set": args.set} if args.set else {}),
         )
@@ -78,6 +79,7 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
 _SETTING_FLAGS = {
     "store_path": "--store",
     "ingest_token": "--token",
+    "read_token": "--read-token",
     "host": "--host",
     "port": "--port",
     "retention_days": "--retention-days",
@@ -338,7 +340,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a stored run read-only and refuse ingest: the --store, or STORE "
         "(a DuckDB file or an export folder)",
     )  # fmt: skip
-    p.add_argument("--token", default="", help="require this bearer token on ingest")
+    p.add_argument(
+        "--token", default="",
+        help="require this bearer token on writes (ingest, OTLP, heartbeats), and on reads "
+        "unless --read-token is given (or TRAINVITALS_INGEST_TOKEN)",
+    )  # fmt: skip
+    p.add_argument(
+        "--read-token", default="",
+        help="require this bearer token on reads: query API, /metrics, /docs (or "
+        "TRAINVITALS_READ_TOKEN); /healthz and /readyz stay open",
+    )  # fmt: skip
     p.add_argument(
         "--retention-days", type=float, default=0,
         help="drop runs whose last step is older than this (default 0: keep every run)",

@@ -235,7 +235,8 @@ def test_bearer_token_and_rejection_count(settings) -> None:
         auth = {"authorization": "Bearer s3cret"}
         assert c.post(URL, content=body, headers={**PROTOBUF, **auth}).status_code == 200
         assert counts(c) == ALL
-        assert "trainvitals_collector_rejected_batches_total 2.0" in c.get("/metrics").text
+        metrics = c.get("/metrics", headers=auth).text  # reads need the token too
+        assert "trainvitals_collector_rejected_batches_total 2.0" in metrics
 
 
 def test_events_and_run_metadata_carry_strings_as_attributes(client) -> None:

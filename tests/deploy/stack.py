@@ -96,6 +96,10 @@ def prometheus_test_config(targets: dict[str, str], interval: str = "1s") -> dic
     cfg = load_yaml(PROMETHEUS_CONFIG)
     cfg["global"].update(scrape_interval=interval, evaluation_interval=interval)
     cfg["rule_files"] = [str(PROMETHEUS_CONFIG.parent / f) for f in cfg["rule_files"]]
+    for job in cfg["scrape_configs"]:  # the token file, as the rules: beside the config
+        if "authorization" in job:
+            auth = job["authorization"]
+            auth["credentials_file"] = str(PROMETHEUS_CONFIG.parent / auth["credentials_file"])
     static = [
         sc
         for section in (cfg["scrape_configs"], cfg["alerting"]["alertmanagers"])
