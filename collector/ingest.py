@@ -126,8 +126,18 @@ async def ingest(
     except StoreError as e:
         raise HTTPException(409, str(e)) from e
     try:
-        await asyncio.wait_for(asyncio.wrap_future(committed), COMMIT_TIMEOUT_S)
+        changed = await asyncio.wait_for(asyncio.wrap_future(committed), COMMIT_TIMEOUT_S)
     except (StoreError, TimeoutError) as e:
         # Not acknowledged: the sender keeps the batch and resends it (keys make that safe).
         raise HTTPException(503, f"batch not stored ({e or 'timed out'}); resend it") from e
-    return {"run_id": run_id, "accepted_rows": {name: t.num_rows for name, t in tables.items()}}
+    answer: dict[str, Any] = {
+        "run_id": run_id,
+        "accepted_rows": {name: t.num_rows - changed.get(name, 0) for name, t in tables.items()},
+    }
+    if changed:
+        # Same keys, other values: the store keeps what it had (counted in /metrics).
+        answer["not_stored"] = {
+            "rows": changed,
+            "reason": "their keys are stored with other values; the first copy stays",
+        }
+    return answer

@@ -171,6 +171,15 @@ def _self_metrics(stats, queue_depth: int, analysis):
     for table, n in stats.ingested_rows.items():
         rows.add_metric([table], n)
     yield rows
+    changed = CounterMetricFamily(
+        "trainvitals_collector_changed_rows",
+        "Rows not stored because their key is stored with other values (the first copy "
+        "stays; the sender is told), by table.",
+        labels=["table"],
+    )
+    for table, n in stats.changed_rows.items():
+        changed.add_metric([table], n)
+    yield changed
     yield CounterMetricFamily(
         "trainvitals_collector_write_errors",
         "Batches the writer failed to store.",

@@ -74,6 +74,8 @@ class CollectorStats:
     write_seconds_sum: float = 0.0
     write_errors: int = 0
     commits: int = 0  # transactions: written_batches / commits is the group commit's size
+    # Rows not stored because their key holds other values (the first copy stays), by table.
+    changed_rows: Counter = field(default_factory=Counter)
 
 
 class LiveState:
@@ -187,6 +189,7 @@ class LiveState:
                 s.write_seconds_sum,
                 s.write_errors,
                 s.commits,
+                Counter(s.changed_rows),
             )
             return runs, stats
 
@@ -203,6 +206,11 @@ class LiveState:
     def count_rejected(self) -> None:
         with self._lock:
             self.stats.rejected_batches += 1
+
+    def count_changed(self, rows_by_table: dict[str, int]) -> None:
+        """Rows not stored: their key holds other values (the store keeps the first copy)."""
+        with self._lock:
+            self.stats.changed_rows.update(rows_by_table)
 
     def count_write(self, seconds: float | None, batches: int = 1) -> None:
         """`batches` written in one commit (taking `seconds`), or one failed (None)."""

@@ -212,9 +212,10 @@ class Store:
             if self.unwritable is not None and not self._heal():
                 raise Unwritable(self.unwritable)
             durable: list[Exception] = []
-            added = _append(self._cur, [tables for _, tables, _ in group], durable)
-            pairs = zip(group, added, strict=True)
-            stored = [(run_id, rows, done) for (run_id, _, done), rows in pairs]
+            changed = [{} for _ in group]
+            added = _append(self._cur, [tables for _, tables, _ in group], durable, changed)
+            pairs = zip(group, added, changed, strict=True)
+            stored = [(run_id, rows, done, ch) for (run_id, _, done), rows, ch in pairs]
             if durable:  # committed, then the checkpoint after it failed: heal before more
                 self._lost_storage(durable[0])
         except Exception as e:
@@ -231,9 +232,15 @@ class Store:
         seconds = time.perf_counter() - start
         # Only the rows the store added go on: a resent key keeps its first copy in the
         # store, so /metrics and the analyzer must not see the resend's values either.
-        for run_id, rows, done in stored:
+        for run_id, rows, done, changed in stored:
             self.state.update(run_id, rows)
-            done.set_result(None)
+            if changed:
+                # Same key, other values: the store keeps the first copy. Counted, and the
+                # sender is told (ingest's answer), never acknowledged as if stored.
+                self.state.count_changed(changed)
+                log.warning("run %s: rows not stored, their keys hold other values: %s",
+                            run_id, changed)  # fmt: skip
+            done.set_result(changed)
             self.analysis.committed(run_id, rows)  # waits if the analyzer is far behind
         if stored:
             self.state.count_write(seconds, batches=len(stored))
@@ -245,10 +252,11 @@ class Store:
         run_id, tables, done = item
         try:
             durable: list[Exception] = []
-            (added,) = _append(cur, [tables], durable)
+            changed: list[dict[str, int]] = [{}]
+            (added,) = _append(cur, [tables], durable, changed)
             if durable:
                 self._lost_storage(durable[0])
-            return run_id, added, done
+            return run_id, added, done, changed[0]
         except Exception as e:
             self._failed(item, e)
             return None
@@ -462,13 +470,18 @@ def _parquet_source(root: Path, table: str) -> str | None:
 
 
 def _append(
-    cur: duckdb.DuckDBPyConnection, batches: list[dict[str, pa.Table]], durable: list
+    cur: duckdb.DuckDBPyConnection,
+    batches: list[dict[str, pa.Table]],
+    durable: list,
+    changed: list[dict[str, int]],
 ) -> list[dict[str, pa.Table]]:
     """One transaction for every batch of `batches` together; per batch, the rows it added.
 
     A batch adds all its rows, unless a key is stored already (a resend) or came earlier in
     the group: that row is left out, as the store keeps the first copy. A commit that
     succeeded although the checkpoint after it failed returns, its error put in `durable`.
+    `changed[i]` gets, per table, the rows of batch i left out whose key the store holds
+    with other values (a resend of the same values is not counted).
     """
     try:
         with _transaction(cur, durable):
@@ -479,7 +492,7 @@ def _append(
         # Rarely so: plain INSERT first, as finding out which rows are new costs about
         # twice the CPU per row even when nothing conflicts.
         with _transaction(cur, durable):
-            added = _insert_new(cur, batches)
+            added = _insert_new(cur, batches, changed)
         return added
 
 
@@ -524,10 +537,13 @@ def _insert(cur: duckdb.DuckDBPyConnection, name: str, arrow: pa.Table) -> None:
 
 
 def _insert_new(
-    cur: duckdb.DuckDBPyConnection, batches: list[dict[str, pa.Table]]
+    cur: duckdb.DuckDBPyConnection,
+    batches: list[dict[str, pa.Table]],
+    changed: list[dict[str, int]],
 ) -> list[dict[str, pa.Table]]:
     """Insert the first copy of each key the store does not hold yet; return, per batch,
-    the rows that went in, in the batch's own schema (what /metrics and the analyzer see)."""
+    the rows that went in, in the batch's own schema (what /metrics and the analyzer see).
+    `changed[i][table]`: rows of batch i left out whose key is stored with other values."""
     added = [dict(tables) for tables in batches]
     for name, tagged in _merged([_tagged(i, t) for i, t in enumerate(batches)]).items():
         several = sum(name in tables for tables in batches) > 1
@@ -535,7 +551,30 @@ def _insert_new(
         for i, tables in enumerate(batches):
             if name in tables:
                 added[i][name] = tables[name].take(rows["_row"][rows["_batch"] == i])
+        for i, n in _changed_rows(cur, name, tagged):
+            changed[i][name] = n
     return added
+
+
+def _changed_rows(
+    cur: duckdb.DuckDBPyConnection, name: str, tagged: pa.Table
+) -> list[tuple[int, int]]:
+    """(batch, rows) of `tagged` whose key the store holds with other values. Only after a
+    conflict, as INSERT OR IGNORE: a join on the key, about as costly as the insert."""
+    table = STORE_TABLES[name]
+    values = [c for c in tagged.column_names if c not in (*table.key, "_batch", "_row")]
+    if not values:
+        return []
+    # NaN is not distinct from NaN in DuckDB: a resent NaN loss is the same value.
+    differ = " OR ".join(f"i.{c} IS DISTINCT FROM t.{c}" for c in values)
+    cur.register("incoming", tagged)
+    try:
+        return cur.execute(
+            f"SELECT i._batch, count(*) FROM incoming i JOIN {name} t USING "
+            f"({', '.join(table.key)}) WHERE {differ} GROUP BY i._batch"
+        ).fetchall()
+    finally:
+        cur.unregister("incoming")
 
 
 def _insert_first_copies(

@@ -178,3 +178,24 @@ def _active(live: LiveState) -> list:
     """Samples of trainvitals_alert_active (the families before it need no store)."""
     families = TrainvitalsCollector(live, store=None).collect()
     return next(f for f in families if f.name == "trainvitals_alert_active").samples
+
+
+def test_a_resend_with_other_values_is_reported_not_acknowledged_as_stored(client) -> None:
+    """A token holder could write another run's steps first: the real sender then got 202
+    while the squatter's values stayed stored, and nothing said so."""
+    from .conftest import make_batch
+
+    first = make_batch(losses=[9.0, 9.0, 9.0])
+    assert client.post("/api/v1/ingest", content=first.to_json()).status_code == 202
+    same = client.post("/api/v1/ingest", content=first.to_json())
+    assert same.status_code == 202 and "not_stored" not in same.json()  # a plain resend
+    other = client.post("/api/v1/ingest", content=make_batch().to_json())
+    assert other.status_code == 202
+    answer = other.json()
+    assert answer["not_stored"]["rows"] == {"steps": 3, "ranks": 6}
+    assert answer["accepted_rows"] == {"steps": 0, "layers": 6, "ranks": 0}
+    text = client.get("/metrics").text
+    assert 'trainvitals_collector_changed_rows_total{table="steps"} 3.0' in text
+    assert 'trainvitals_collector_changed_rows_total{table="ranks"} 6.0' in text
+    stored = client.app.state.store.query("SELECT loss FROM steps ORDER BY step").column(0)
+    assert stored.to_pylist() == [9.0, 9.0, 9.0]  # the first copy stays
