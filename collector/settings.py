@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     memory_limit: str = Field(
         DEFAULT_MEMORY_LIMIT, description="most memory DuckDB may use, e.g. 2GB or 512MiB"
     )
+    max_metrics_runs: int = Field(
+        200,
+        ge=0,
+        description="runs with series in /metrics at most, those with the latest steps (running "
+        "ones first); 0: every stored run. About 9 series a run",
+    )
     queue_max_batches: int = Field(
         1024, gt=0, description="batches waiting for the writer; beyond: 503"
     )

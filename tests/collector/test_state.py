@@ -199,3 +199,21 @@ def test_a_resend_with_other_values_is_reported_not_acknowledged_as_stored(clien
     assert 'trainvitals_collector_changed_rows_total{table="ranks"} 6.0' in text
     stored = client.app.state.store.query("SELECT loss FROM steps ORDER BY step").column(0)
     assert stored.to_pylist() == [9.0, 9.0, 9.0]  # the first copy stays
+
+
+def test_metrics_stay_bounded_with_many_stored_runs(tmp_path) -> None:
+    """3,000 stored runs made /metrics 27,000 lines: the cap keeps the latest runs."""
+    from trainvitals.collector.settings import Settings
+
+    from .conftest import make_batch
+
+    settings = Settings(store_path=str(tmp_path / "s.duckdb"), max_metrics_runs=5)
+    with TestClient(create_app(settings)) as c:
+        for i in range(8):  # run-i's latest step is at 1000 + i s
+            body = make_batch(f"run-{i}", range(i, i + 1)).to_json()
+            assert c.post("/api/v1/ingest", content=body).status_code == 202
+        c.app.state.store.flush()
+        families = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
+    exported = {s.labels["run_id"] for s in families["trainvitals_step"].samples}
+    assert exported == {f"run-{i}" for i in range(3, 8)}
+    assert families["trainvitals_collector_runs_not_exported"].samples[0].value == 3
