@@ -281,11 +281,14 @@ def _simulate(args: argparse.Namespace, _rest: list[str]) -> int | str:
         batch_points=args.batch_points,
         token=args.token,
         wire=args.wire,
+        attempts=args.attempts,
     )
     print(f"run {spec.run_id}: {report.summary()}")
     for detail in report.rejected[:5]:
         print(f"rejected: {detail}", file=sys.stderr)
-    return 1 if report.rejected else 0
+    for detail in report.undelivered[:5]:  # no answer, or only "retry later"
+        print(f"not delivered after {args.attempts} attempts: {detail}", file=sys.stderr)
+    return 1 if report.rejected or report.undelivered else 0
 
 
 def _write_atomically(path: str, lines) -> int:
@@ -489,6 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connections", type=int, default=4, help="concurrent connections")
     p.add_argument("--batch-points", type=int, default=250_000, help="values per request")
     p.add_argument("--wire", choices=["msgpack", "json"], default="msgpack")
+    p.add_argument(
+        "--attempts", type=_positive_int, default=150,
+        help="sends of a batch the collector does not take (no answer, 503) before giving "
+        "up on it: 2 s apart after the first few (default 150, about 5 minutes)",
+    )  # fmt: skip
     p.add_argument("--token", default="", help="bearer token, if the collector requires one")
     p.set_defaults(func=_simulate)
 

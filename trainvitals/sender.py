@@ -29,7 +29,7 @@ from trainvitals import checks
 from trainvitals.schema import DTYPES, TABLES, encode_json, encode_msgpack
 
 _STOP = object()
-RETRY_LIMIT = 20  # attempts per batch before the sender gives up on it
+RETRY_LIMIT = 20  # attempts per batch before the sender gives up on it (about 30 s)
 
 
 @dataclass
@@ -44,6 +44,9 @@ class SendReport:
     latencies_s: list[float] = field(default_factory=list)  # per acknowledged request
     retries: int = 0
     rejected: list[str] = field(default_factory=list)  # the collector's reason, per batch
+    # Given up on after RETRY_LIMIT attempts: no answer (a refused connection) or only
+    # retryable ones (503). Not a rejection: the collector never said no.
+    undelivered: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     def summary(self) -> str:
@@ -54,7 +57,7 @@ class SendReport:
             f"{self.batches:,} batches ({self.bytes / 1e6:,.0f} MB) in {self.elapsed_s:.1f} s: "
             f"{rows}; {self.points:,} points, {rate:,.0f} points/s; request latency p50 "
             f"{lat[0]:.0f} ms, p99 {lat[1]:.0f} ms; {self.retries} retries, "
-            f"{len(self.rejected)} rejected"
+            f"{len(self.rejected)} rejected, {len(self.undelivered)} not delivered"
         )
 
 
@@ -137,6 +140,7 @@ def send(
     duration_s: float | None = None,
     rate: float | None = None,
     timeout_s: float = 60.0,
+    attempts: int | None = None,
 ) -> SendReport:
     """POST `docs` to the collector at `url`; returns once every batch is answered.
 
@@ -164,7 +168,7 @@ def send(
     def worker() -> None:
         with httpx.Client(timeout=timeout_s, headers=headers) as client:
             while (item := work.get()) is not _STOP:
-                posted = post_batch(client, endpoint, item[0])
+                posted = post_batch(client, endpoint, item[0], attempts)
                 with lock:
                     _account(report, item, posted)
 
@@ -213,14 +217,16 @@ def retryable(status: int) -> bool:
     return status >= 500 or status in (408, 429)
 
 
-def post_batch(client: Any, endpoint: str, body: bytes) -> Posted:
+def post_batch(client: Any, endpoint: str, body: bytes, attempts: int | None = None) -> Posted:
     """POST one encoded batch; resend it after a back-off while the failure is one a resend
-    can cure (a network error, a retryable status), at most RETRY_LIMIT attempts in all
-    (about 30 s). The collector's keys make a resend of a stored batch a no-op."""
+    can cure (a network error, a retryable status), `attempts` in all at most (RETRY_LIMIT,
+    about 30 s; each further one 2 s more). The collector's keys make a resend of a stored
+    batch a no-op."""
     import httpx
 
     status, reason = None, ""
-    for attempt in range(RETRY_LIMIT):
+    attempts = attempts or RETRY_LIMIT
+    for attempt in range(attempts):
         if attempt:
             time.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)))  # the collector is behind: back off
         began = time.perf_counter()
@@ -235,7 +241,7 @@ def post_batch(client: Any, endpoint: str, body: bytes) -> Posted:
         status, reason = resp.status_code, _reason(resp)
         if not retryable(resp.status_code):
             return Posted("rejected", took, attempt, status, reason)
-    return Posted("failed", 0.0, RETRY_LIMIT - 1, status, reason)
+    return Posted("failed", 0.0, attempts - 1, status, reason)
 
 
 def _reason(resp: Any) -> str:
@@ -252,8 +258,11 @@ def _reason(resp: Any) -> str:
 def _account(report: SendReport, item: tuple, posted: Posted) -> None:
     body, n_rows, n_points = item
     report.retries += posted.retries
-    if posted.outcome != "ok":
+    if posted.outcome == "rejected":
         report.rejected.append(posted.detail)
+        return
+    if posted.outcome == "failed":
+        report.undelivered.append(posted.detail)
         return
     report.batches += 1
     report.rows.update(n_rows)
