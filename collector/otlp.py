@@ -372,7 +372,7 @@ async def _receive(
             detail = f"metrics not stored ({e or 'timed out'}); resend them"
             raise HTTPException(503, detail) from e
         for (run_id, _), by_table in zip(batches[start : start + wave], changed, strict=True):
-            for table, rows in by_table.items():
+            for table, rows in (by_table or {}).items():
                 reason = "of rows whose keys are stored with other values (the first copy stays)"
                 rejected.add(reason, f"run {run_id!r}: {rows} {table} rows", rows)
     return rejected

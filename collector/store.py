@@ -145,8 +145,9 @@ class Store:
     def submit(self, run_id: str, tables: dict[str, pa.Table]) -> Future:
         """Queue one validated batch; the future completes once it is committed.
 
-        Raises QueueFull when the writer is behind. The future fails with StoreError if the
-        batch could not be written (nothing of it is stored then).
+        Raises Unavailable when the writer is behind or the disk full. The future's result
+        is None, or per table the rows left out because their key holds other values; it
+        fails with StoreError if the batch could not be written (nothing of it is stored).
         """
         if self.read_only:
             raise StoreError("store is open read-only (replay mode)")
@@ -240,7 +241,7 @@ class Store:
                 self.state.count_changed(changed)
                 log.warning("run %s: rows not stored, their keys hold other values: %s",
                             run_id, changed)  # fmt: skip
-            done.set_result(changed)
+            done.set_result(changed or None)  # None: every row stored as sent
             self.analysis.committed(run_id, rows)  # waits if the analyzer is far behind
         if stored:
             self.state.count_write(seconds, batches=len(stored))
