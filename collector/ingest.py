@@ -126,7 +126,7 @@ async def ingest(
     except StoreError as e:
         raise HTTPException(409, str(e)) from e
     try:
-        changed = await asyncio.wait_for(asyncio.wrap_future(committed), COMMIT_TIMEOUT_S)
+        changed = await asyncio.wait_for(asyncio.wrap_future(committed), COMMIT_TIMEOUT_S) or {}
     except (StoreError, TimeoutError) as e:
         # Not acknowledged: the sender keeps the batch and resends it (keys make that safe).
         raise HTTPException(503, f"batch not stored ({e or 'timed out'}); resend it") from e
