@@ -291,11 +291,13 @@ class ComputeClock:
             self._marks.append(recorded_event())
             self._cycles += cycles
             return
-        a = torch.randn(128, 128)
+        # A plain spin on this thread's CPU clock: a matmul here let torch's intra-op
+        # threads spin-wait on a loaded machine, so one iteration overshot by milliseconds
+        # and the injected work came out 1.8x what was asked.
         start = time.thread_time()
         end = start + seconds
         while time.thread_time() < end:
-            a @ a
+            pass
         self._busy_cpu_s += time.thread_time() - start
 
     def _collect(self) -> None:

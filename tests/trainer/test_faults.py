@@ -184,7 +184,7 @@ def test_a_straggler_computes_the_asked_fraction_longer(tmp_path: Path) -> None:
     t = _compute_times(out)
     before = statistics.median(t[1, s] for s in range(2, 12))
     after = statistics.median(t[1, s] for s in range(13, 30))
-    assert 0.5 <= after / before - 1 <= 1.7, (before, after)
+    assert 0.4 <= after / before - 1 <= 2.0, (before, after)  # asked +1.0; none: 0
     # bench/straggler_check.py (which gpu_check.sh runs on CUDA) reads the same file by step
     # time: the straggler's step grows by about its slowdown too.
     check = subprocess.run(
