@@ -21,6 +21,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from trainvitals.schema import SchemaError, heartbeats_to_arrow
@@ -32,6 +33,10 @@ from .store import Store
 from .watchdog import LiveWatchdog
 
 router = APIRouter(tags=["heartbeats"])
+# Bodies up to this size are decoded on the event loop (a heartbeat is a few hundred bytes;
+# 64 KiB, a few hundred ranks' batch, decodes in about a millisecond); larger ones go to
+# the thread pool, as ingest's do: a 32 MB batch held the loop for seconds.
+_ON_LOOP_BYTES = 64 * 1024
 PATH = "/api/v1/heartbeats"
 
 
@@ -59,7 +64,12 @@ async def heartbeats(
     except ClientDisconnect as e:  # a rank that died mid-request (torchrun's teardown)
         raise HTTPException(400, "the sender left before its body arrived") from e
     try:
-        run_id, table = heartbeats_to_arrow(decode(body), received_unix_s)
+        if len(body) <= _ON_LOOP_BYTES:
+            run_id, table = heartbeats_to_arrow(decode(body), received_unix_s)
+        else:  # a large batch (a proxy's, or a crafted one) must not stall the event loop
+            run_id, table = await run_in_threadpool(
+                lambda: heartbeats_to_arrow(decode(body), received_unix_s)
+            )
     except SchemaError as e:
         raise HTTPException(422, str(e)) from e
     if watchdog is None:

@@ -116,3 +116,27 @@ def test_gzip_is_undone_off_the_event_loop(client, monkeypatch) -> None:
     assert r.status_code == 202, r.text
     assert loops == [None]
     assert counts(client) == {"steps": 3, "layers": 6, "ranks": 6}
+
+
+def test_a_large_heartbeat_batch_is_decoded_off_the_event_loop(client, monkeypatch) -> None:
+    """Heartbeats were decoded on the event loop whatever their size (32 MB allowed)."""
+    from trainvitals.collector import heartbeat
+
+    loops = []
+    real = heartbeat.heartbeats_to_arrow
+
+    def spy(doc, received_unix_s):
+        try:
+            loops.append(asyncio.get_running_loop())
+        except RuntimeError:
+            loops.append(None)
+        return real(doc, received_unix_s)
+
+    monkeypatch.setattr(heartbeat, "heartbeats_to_arrow", spy)
+    for n in (2, 5000):  # a few hundred bytes; about 200 KB
+        cols = {"rank": list(range(n)), "time_unix_s": [1.0] * n, "host": ["h"] * n,
+                "step_started": [1] * n, "step_finished": [1] * n,
+                "phase": ["forward"] * n}  # fmt: skip
+        doc = {"schema_version": 1, "run_id": "r1", "heartbeats": cols}
+        assert client.post(heartbeat.PATH, json=doc).status_code == 202
+    assert loops[0] is not None and loops[1] is None
