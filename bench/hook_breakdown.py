@@ -16,7 +16,7 @@ point (layer hooks, model hook, `monitor.step()`, optimizer hooks) is wrapped an
     python bench/hook_breakdown.py --preset 125m --batch 16          # one GPU
 
 On CUDA the block outputs are read on the monitor's own stream, beside the backward
-(Monitor._read_beside): their kernels are not in the hook rows, which hold what the training
+(ActivationMeter._read_beside): their kernels are not in the hook rows, which hold what the training
 stream runs; the "side stream" row has their device time, overlapped with the backward (not
 added to the total: bench/hook_overhead.py says what the overlap leaves).
 
@@ -47,10 +47,15 @@ except ImportError:  # an older version of the hooks, before update.py
     update = None
 from trainvitals.trainer.model import PRESETS
 
+try:  # the block-output hooks: their own meter since the Monitor was split into stages
+    from trainvitals.hooks.activations import ActivationMeter as Reader
+except ImportError:  # an older version of the hooks: they were the Monitor's
+    Reader = monitor_module.Monitor
+
 # The hooks' entry points: (owner class, method, label). Per-layer hooks are closures made
-# by Monitor._activation_hook at attach, so that factory is wrapped instead.
+# by _activation_hook at attach, so that factory is wrapped instead.
 ENTRY_POINTS = (
-    (monitor_module.Monitor, "_read_outputs", "read block outputs (model forward hook)"),
+    (Reader, "_read_outputs", "read block outputs (model forward hook)"),
     (monitor_module.Monitor, "step", "monitor.step()"),
     (timing.StepTimer, "_forward_start", "step timer, forward pre-hook"),
     (timing.StepTimer, "_optimizer_end", "step timer, optimizer post-hook"),
@@ -97,8 +102,8 @@ class Clock:
         return call
 
     def timed_side(self, fn):
-        """Device time of Monitor._read when it runs on the monitor's side stream (events on
-        that stream, after its wait for the training stream)."""
+        """Device time of the block-output read (_read) when it runs on the monitor's side
+        stream (events on that stream, after its wait for the training stream)."""
 
         def call(monitor, *args, **kwargs):
             side = getattr(monitor, "_side", None)
@@ -131,15 +136,13 @@ def patch(clock: Clock) -> list:
     undo = [(owner, name, getattr(owner, name)) for owner, name, _ in present]
     for owner, name, label in present:
         setattr(owner, name, clock.timed(label, getattr(owner, name)))  # binds like a method
-    if hasattr(monitor_module.Monitor, "_read_beside"):
-        read = monitor_module.Monitor._read
-        undo.append((monitor_module.Monitor, "_read", read))
-        monitor_module.Monitor._read = clock.timed_side(read)
-    factory = monitor_module.Monitor._activation_hook
-    undo.append((monitor_module.Monitor, "_activation_hook", factory))
-    monitor_module.Monitor._activation_hook = lambda self, i: clock.timed(
-        LAYER_HOOKS, factory(self, i)
-    )
+    if hasattr(Reader, "_read_beside"):
+        read = Reader._read
+        undo.append((Reader, "_read", read))
+        Reader._read = clock.timed_side(read)
+    factory = Reader._activation_hook
+    undo.append((Reader, "_activation_hook", factory))
+    Reader._activation_hook = lambda self, i: clock.timed(LAYER_HOOKS, factory(self, i))
     return undo
 
 

@@ -30,8 +30,18 @@ FAILED_DRAINS = 3
 
 
 class Exporter(Protocol):
+    """Where the export reader (reader.py) sends batches, from its own thread.
+
+    `dropped_batches`: batches neither delivered nor kept for a later resend, so far (the
+    monitor adds it to telemetry_dropped)."""
+
+    dropped_batches: int
+
     def export(self, batch: BatchBuilder) -> bool:
         """Deliver one batch; True on success. Must not raise."""
+
+    def force_flush(self, timeout_s: float) -> bool:
+        """Deliver what the exporter still holds; True if nothing is left. Must not raise."""
 
     def shutdown(self, timeout_s: float) -> None: ...
 
@@ -39,7 +49,12 @@ class Exporter(Protocol):
 class NullExporter:
     """Monitoring off: accepts everything, keeps nothing."""
 
+    dropped_batches = 0
+
     def export(self, batch: BatchBuilder) -> bool:
+        return True
+
+    def force_flush(self, timeout_s: float) -> bool:
         return True
 
     def shutdown(self, timeout_s: float) -> None:
@@ -49,9 +64,14 @@ class NullExporter:
 class InMemoryExporter:
     """Keeps every batch as a dict (the decoded wire form), for tests and notebooks."""
 
+    dropped_batches = 0
+
     def __init__(self) -> None:
         self.batches: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+
+    def force_flush(self, timeout_s: float) -> bool:
+        return True
 
     def export(self, batch: BatchBuilder) -> bool:
         with self._lock:
@@ -122,6 +142,11 @@ class HttpExporter:
             return self._keep(batch)  # the collector is still away: queue behind the others
         delivered = self._send(gzipped(batch.to_msgpack()), MSGPACK, gzip=True)
         return self._keep(batch) if delivered is None else delivered
+
+    def force_flush(self, timeout_s: float) -> bool:
+        """Batches are sent as they come; a spooled one waits for the next export or for
+        shutdown (a drain retries, which would not respect `timeout_s`)."""
+        return self.spool is None or not len(self.spool)
 
     def _send(self, body: bytes, content_type: str = JSON, gzip: bool = False) -> bool | None:
         """True: stored. False: rejected for good. None: not delivered (try again later)."""
@@ -226,6 +251,9 @@ class JsonlExporter:
             self.dropped_batches += 1
             return False
 
+    def force_flush(self, timeout_s: float) -> bool:
+        return True  # every batch is flushed to the file as it is written
+
     def shutdown(self, timeout_s: float) -> None:
         try:
             self._file.close()  # flushes what a failed write left in the buffer
@@ -246,6 +274,9 @@ class MultiExporter:
     def dropped_batches(self) -> int:
         """What each exporter dropped, together (the monitor's telemetry_dropped reads it)."""
         return sum(getattr(e, "dropped_batches", 0) for e in self.exporters)
+
+    def force_flush(self, timeout_s: float) -> bool:
+        return all([e.force_flush(timeout_s) for e in self.exporters])
 
     def shutdown(self, timeout_s: float) -> None:
         for e in self.exporters:

@@ -93,6 +93,13 @@ class OtlpExporter:
             self.dropped_batches += 1
         return delivered
 
+    def force_flush(self, timeout_s: float) -> bool:
+        try:
+            return bool(self._exporter.force_flush(timeout_millis=int(timeout_s * 1000)))
+        except Exception:  # as export: never into training
+            log.exception("flushing the OTLP exporter failed")
+            return False
+
     def shutdown(self, timeout_s: float) -> None:
         try:
             self._exporter.shutdown(timeout_millis=timeout_s * 1000)

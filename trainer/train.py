@@ -64,12 +64,18 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def make_exporter(cfg: TrainConfig, rank: int):
+    """Every rank sends to the collector (its events); the file and OTLP exporters are made
+    on node leaders only (torchrun's local rank 0), which export their node's ranks rows
+    (hooks/topology.py); rank 0's file is --telemetry-file itself, another leader's
+    <file>.rank<k>."""
     exporters = []
+    leader = int(os.environ.get("LOCAL_RANK", "0")) == 0
     if cfg.collector:
         exporters.append(HttpExporter(cfg.collector, spool_dir=default_spool_dir(rank)))
-    if cfg.telemetry_file and rank == 0:
-        exporters.append(JsonlExporter(cfg.telemetry_file))
-    if cfg.otlp_endpoint and rank == 0:  # only rank 0 exports; others need no SDK import
+    if cfg.telemetry_file and leader:
+        path = cfg.telemetry_file if rank == 0 else f"{cfg.telemetry_file}.rank{rank}"
+        exporters.append(JsonlExporter(path))
+    if cfg.otlp_endpoint and leader:  # the other ranks export nothing: no SDK import
         from trainvitals.hooks.otlp import OtlpExporter
 
         exporters.append(OtlpExporter(cfg.otlp_endpoint))

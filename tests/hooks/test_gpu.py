@@ -140,14 +140,14 @@ def test_block_outputs_read_beside_the_backward_match_torch(model) -> None:
     out = InMemoryExporter()
     monitor = attach(model, exporter=out, peak_flops_per_s=1e15, log_every=1)
     streams: dict[str, list] = {name: [] for name in names}
-    read = monitor._read
+    read = monitor.activations._read
 
     def recording(pending, **kw):
         for index, *_ in pending:
             streams.get(monitor.layers.names[index], []).append(torch.cuda.current_stream())
         return read(pending, **kw)
 
-    monitor._read = recording
+    monitor.activations._read = recording
     _step(model, monitor)
     expected = {  # sync: test only
         name: (
@@ -158,7 +158,8 @@ def test_block_outputs_read_beside_the_backward_match_torch(model) -> None:
         for name, t in kept.items()
     }
     monitor.close()
-    assert streams == {"layers.0": [monitor._side], "layers.1": [monitor._side],
+    side = monitor.activations._side
+    assert streams == {"layers.0": [side], "layers.1": [side],
                        "output": [torch.cuda.current_stream()]}  # fmt: skip
     assert expected["layers.1"][2] == 1 and expected["output"][2] > 0  # the NaN spread
     rows = {monitor.layers.names[r["layer"]]: r for r in out.rows("layers")}

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from trainvitals.hooks import InMemoryExporter, attach
-from trainvitals.hooks.monitor import split_by_stream
+from trainvitals.hooks.activations import split_by_stream
 from trainvitals.trainer.model import PRESETS, Transformer
 
 SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
@@ -188,7 +188,7 @@ def test_the_steps_after_the_last_interval_are_logged_when_total_steps_is_known(
 def test_long_interval_and_micro_batches_keep_every_maximum(model) -> None:
     """Over an interval longer than a fold (FOLD_STEPS) and with two forwards per step, the
     logged step still sees the largest output of any micro-batch and every bad step."""
-    from trainvitals.hooks.monitor import FOLD_STEPS
+    from trainvitals.hooks.activations import FOLD_STEPS
 
     every = FOLD_STEPS + 16
     out = InMemoryExporter()

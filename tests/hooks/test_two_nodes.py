@@ -79,11 +79,16 @@ def test_two_nodes_export_each_rank_once_and_replay_the_live_alerts(tmp_path: Pa
         assert not [a for a in live if a[2] == "ranks_missing"]  # every node's rows arrived
     finally:
         con.close()
-    # Rank 0's own file holds its node's ranks only: node 1's came through node 1's leader.
-    exported = set()
-    for line in (tmp_path / "nodes.jsonl").read_bytes().splitlines():
-        exported.update(orjson.loads(line).get("ranks", {}).get("rank", []))
-    assert exported == set(range(PER_NODE))
+    # Each leader's file holds its own node's ranks: rank 0's the first node's, rank 4's
+    # (node 1's leader) the second's, and the steps rows are rank 0's alone.
+    for leader, path in ((0, "nodes.jsonl"), (PER_NODE, f"nodes.jsonl.rank{PER_NODE}")):
+        ranks, steps = set(), 0
+        for line in (tmp_path / path).read_bytes().splitlines():
+            batch = orjson.loads(line)
+            ranks.update(batch.get("ranks", {}).get("rank", []))
+            steps += len(batch.get("steps", {}).get("step", []))
+        assert ranks == set(range(leader, leader + PER_NODE))
+        assert steps == (STEPS if leader == 0 else 0)
     # The steps and layers rows (rank 0's) equal those of one process, up to the fault.
     run_trainer([*common, "--telemetry-file", str(tmp_path / "one.jsonl")], nproc=1)
     ref_steps, ref_layers = _telemetry(tmp_path / "one.jsonl")

@@ -266,7 +266,7 @@ def _blocks_run(reentrant: bool | None, outputs: list) -> list[dict]:
         loss.backward()
         # The monitor holds a forward's outputs (as detached aliases of their storage)
         # until the forward returns, and recomputed ones not at all: none past backward.
-        assert monitor._pending == []
+        assert monitor.activations._pending == []
         monitor.step(loss=torch.tensor(0.0), tokens=4)
         opt.step()
         opt.zero_grad()

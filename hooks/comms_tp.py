@@ -1,0 +1,84 @@
+"""Tensor parallelism's collectives, counted from the model's structure: they go through
+DTensor, not FSDP, so a forward hook on every module whose weight is sharded over the mesh
+dim named "tp" counts them (Megatron-LM's split, Shoeybi et al. 2019, as in
+trainer/parallel.py). See comms.py for the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from .collectives import _Tally
+from .layers import local
+
+if TYPE_CHECKING:
+    from .comms import CommsMeter
+
+
+def _tp_style(module: nn.Module) -> str | None:
+    """ "rowwise", "colwise" or "unknown" for a module whose weight is sharded over a mesh
+    dim named "tp" of size > 1; None for any other module."""
+    weight = module._parameters.get("weight")
+    if not isinstance(weight, DTensor):
+        return None
+    names = weight.device_mesh.mesh_dim_names or ()
+    if "tp" not in names:
+        return None
+    dim = names.index("tp")
+    placement = weight.placements[dim]
+    if weight.device_mesh.size(dim) == 1 or not placement.is_shard():
+        return None  # replicated (the RMSNorm weights): no collective of its own
+    sharded_dim = placement.dim % weight.ndim
+    if isinstance(module, nn.Linear):  # weight (out, in): sharding `in` leaves partial sums
+        return "colwise" if sharded_dim == 0 else "rowwise"
+    if isinstance(module, nn.Embedding):  # weight (vocab, dim): sharding vocab leaves sums
+        return "rowwise" if sharded_dim == 0 else "colwise"
+    return "unknown"
+
+
+def _rowwise_hook(tally: _Tally, timed: bool) -> Callable:
+    def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
+        out = local(output)  # the replicated sum: what the all-reduce carried
+        tally.add("all_reduce", out.numel() * out.element_size(), timed)
+
+    return hook
+
+
+def _colwise_hook(tally: _Tally, timed: bool, full_width: int) -> Callable:
+    def hook(_module: nn.Module, args: tuple, output: Any) -> None:
+        inp = args[0]
+        if inp.requires_grad and torch.is_grad_enabled():
+            # Backward turns the input's partial gradients into a replicated one.
+            tally.add("all_reduce", inp.numel() * inp.element_size(), timed)
+        out = local(output)
+        if out.shape[-1] == full_width:  # output gathered whole (output_layouts=Replicate)
+            tally.add("all_gather", out.numel() * out.element_size(), timed)
+
+    return hook
+
+
+def install_tp(meter: CommsMeter, model: nn.Module) -> bool:
+    found = False
+    for module in model.modules():
+        kind = _tp_style(module)
+        if kind is None:
+            continue
+        found = True
+        if kind == "unknown":
+            meter._measured -= {"all_reduce", "all_gather"}
+            meter._reasons.append(f"tensor parallelism of a {type(module).__name__}: unknown")
+            continue
+        weight = module._parameters["weight"]
+        timed = meter._timing_of(weight.device_mesh.get_group("tp")) == "hook"
+        if kind == "rowwise":
+            hook = _rowwise_hook(meter._tally, timed)
+        else:
+            full_width = weight.shape[0 if isinstance(module, nn.Linear) else 1]
+            hook = _colwise_hook(meter._tally, timed, full_width)
+        meter._tp_hooks.append((module, hook))
+    return found
