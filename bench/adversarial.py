@@ -18,7 +18,7 @@ All the while a thread asks /healthz every 20 ms; the slowest answer is printed.
 (issue 18): no family above 3x, /healthz within 100 ms throughout. The headline is the
 last line.
 
-    python bench/adversarial.py | tee bench/results/adversarial.txt
+    python bench/adversarial.py --memory | tee bench/results/adversarial.txt
     python bench/adversarial.py --short   # the CI form (tests/collector/test_adversarial_bench.py)
 """
 
@@ -226,12 +226,51 @@ def measure(c: Collector, build: Callable, size: int, repeats: int) -> tuple[flo
     return cpu_s / mb, statuses
 
 
+def memory_check(size_mb: float, senders: int) -> None:
+    """Peak RSS of a collector sent `senders` concurrent JSON bodies of `size_mb` MB, each
+    refused with 422 (a negative step), with the default decode budget and without one."""
+    n = int(size_mb * 1e6 / 36)  # about 36 bytes a row
+    doc = _steps_doc("mem", n)
+    doc["steps"]["step"] = [-1] * n
+    body = orjson.dumps(doc)
+    for label, budget in (("default budget", None), ("no budget", str(2**40))):
+        env = {"TRAINVITALS_MAX_BODY_BYTES": str(len(body))}
+        if budget:
+            env["TRAINVITALS_MAX_DECODING_BYTES"] = budget
+        else:  # the default, 64 MiB, unless one body is larger
+            env["TRAINVITALS_MAX_DECODING_BYTES"] = str(max(len(body), 64 * 2**20))
+        with tempfile.TemporaryDirectory() as tmp:
+            c = Collector(Path(tmp) / "store.duckdb", env)
+            codes: list[int] = []
+
+            def send(c: Collector = c, codes: list[int] = codes) -> None:
+                r = httpx.post(f"{c.url}/api/v1/ingest", content=body, headers=JSON, timeout=600)
+                codes.append(r.status_code)
+
+            threads = [threading.Thread(target=send) for _ in range(senders)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            peak = c.peak_rss_mb()
+            c.stop()
+        answered = ", ".join(f"{codes.count(k)}x {k}" for k in sorted(set(codes)))
+        print(f"{senders} concurrent {len(body) / 1e6:.0f} MB bodies, {label}: "
+              f"collector peak RSS {peak:.0f} MB ({answered})")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=8.0, help="size of each request (default 8 MB)")
     p.add_argument("--repeats", type=int, default=3, help="requests per family (default 3)")
     p.add_argument("--short", action="store_true", help="CI form: 0.5 MB, 2 requests each")
+    p.add_argument(
+        "--memory", action="store_true",
+        help="first, peak RSS under 8 concurrent 28 MB bodies, with and without the budget",
+    )  # fmt: skip
     args = p.parse_args()
+    if args.memory:
+        memory_check(28.0, 8)
     size_mb, repeats = (0.5, 2) if args.short else (args.mb, args.repeats)
     size = int(size_mb * 1e6)
     env = {"TRAINVITALS_MAX_BODY_BYTES": str(4 * size + 2**20)}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = {"valid-json": "202", "valid-otlp": "200", "otlp-rejected": "200",
-            "gzip-members": "202", "json-deep": "422", "json-wide": "422",
+            "gzip-members": "400", "json-deep": "422", "json-wide": "422",
             "otlp-many-runs": "200", "huge-string": "422", "heartbeats-huge": "202"}  # fmt: skip
 
 

@@ -41,7 +41,7 @@ def test_many_gzip_members_cost_linear_work(monkeypatch) -> None:
     for members in (1_000, 10_000):
         _CountingDecompressor.fed = 0
         body = EMPTY_MEMBER * members
-        assert gunzip(body, 1024) == b""
+        assert gunzip(body, 1024, max_members=members) == b""
         # Each member is fed in slices of 64 bytes or more: at most 64 + its own size.
         assert _CountingDecompressor.fed <= members * (64 + len(EMPTY_MEMBER)), members
 
@@ -57,6 +57,9 @@ def test_gunzip_members_limits_and_errors() -> None:
         gunzip(gzip.compress(data) + b"junk", 10**6)
     with pytest.raises(GzipError):
         gunzip(b"", 10)
+    with pytest.raises(GzipError, match="more than 3 gzip members"):
+        gunzip(EMPTY_MEMBER * 4, 10, max_members=3)
+    assert gunzip(EMPTY_MEMBER * 3, 10, max_members=3) == b""
 
 
 def test_decode_budget() -> None:
