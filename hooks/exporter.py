@@ -8,6 +8,7 @@ and resends them, in order, when the collector is back.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import threading
@@ -29,6 +30,21 @@ JSON, MSGPACK = "application/json", "application/msgpack"
 FAILED_DRAINS = 3
 
 
+class ExportResult(enum.Enum):
+    """What became of one batch (as OpenTelemetry's MetricExportResult). True only for
+    SUCCESS, so `if exporter.export(batch):` reads as it should."""
+
+    SUCCESS = "success"  # delivered (or, for a file, written)
+    FAILURE = "failure"  # not delivered now: spooled for a resend, rejected, or dropped
+
+    def __bool__(self) -> bool:
+        return self is ExportResult.SUCCESS
+
+    @classmethod
+    def of(cls, ok: bool) -> ExportResult:
+        return cls.SUCCESS if ok else cls.FAILURE
+
+
 class Exporter(Protocol):
     """Where the export reader (reader.py) sends batches, from its own thread.
 
@@ -37,8 +53,8 @@ class Exporter(Protocol):
 
     dropped_batches: int
 
-    def export(self, batch: BatchBuilder) -> bool:
-        """Deliver one batch; True on success. Must not raise."""
+    def export(self, batch: BatchBuilder) -> ExportResult:
+        """Deliver one batch. Must not raise: a failure is logged and counted."""
 
     def force_flush(self, timeout_s: float) -> bool:
         """Deliver what the exporter still holds; True if nothing is left. Must not raise."""
@@ -51,8 +67,8 @@ class NullExporter:
 
     dropped_batches = 0
 
-    def export(self, batch: BatchBuilder) -> bool:
-        return True
+    def export(self, batch: BatchBuilder) -> ExportResult:
+        return ExportResult.SUCCESS
 
     def force_flush(self, timeout_s: float) -> bool:
         return True
@@ -73,10 +89,10 @@ class InMemoryExporter:
     def force_flush(self, timeout_s: float) -> bool:
         return True
 
-    def export(self, batch: BatchBuilder) -> bool:
+    def export(self, batch: BatchBuilder) -> ExportResult:
         with self._lock:
             self.batches.append(batch.to_dict())
-        return True
+        return ExportResult.SUCCESS
 
     def rows(self, table: str) -> list[dict[str, Any]]:
         """All rows of `table` across batches, one dict per row."""
@@ -137,11 +153,14 @@ class HttpExporter:
         self._failed_on_last = False  # did the last _send get 500 to every attempt?
         self._failed_drains: dict[Path, int] = {}  # spooled batch -> drains answered 500
 
-    def export(self, batch: BatchBuilder) -> bool:
+    def export(self, batch: BatchBuilder) -> ExportResult:
         if self.spool is not None and self._drain() and len(self.spool):
-            return self._keep(batch)  # the collector is still away: queue behind the others
+            self._keep(batch)  # the collector is still away: queue behind the others
+            return ExportResult.FAILURE
         delivered = self._send(gzipped(batch.to_msgpack()), MSGPACK, gzip=True)
-        return self._keep(batch) if delivered is None else delivered
+        if delivered is None:
+            self._keep(batch)
+        return ExportResult.of(bool(delivered))
 
     def force_flush(self, timeout_s: float) -> bool:
         """Batches are sent as they come; a spooled one waits for the next export or for
@@ -241,15 +260,15 @@ class JsonlExporter:
         self._file = open(path, "ab")  # noqa: SIM115 - held open for the run's lifetime
         self.dropped_batches = 0  # batches the file refused (a full disk)
 
-    def export(self, batch: BatchBuilder) -> bool:
+    def export(self, batch: BatchBuilder) -> ExportResult:
         try:
             self._file.write(batch.to_json() + b"\n")
             self._file.flush()
-            return True
+            return ExportResult.SUCCESS
         except OSError as e:
             log.error("cannot write telemetry to %s: %s", self.path, e)
             self.dropped_batches += 1
-            return False
+            return ExportResult.FAILURE
 
     def force_flush(self, timeout_s: float) -> bool:
         return True  # every batch is flushed to the file as it is written
@@ -267,8 +286,8 @@ class MultiExporter:
     def __init__(self, exporters: list[Exporter]) -> None:
         self.exporters = exporters
 
-    def export(self, batch: BatchBuilder) -> bool:
-        return all([e.export(batch) for e in self.exporters])
+    def export(self, batch: BatchBuilder) -> ExportResult:
+        return ExportResult.of(all([bool(e.export(batch)) for e in self.exporters]))
 
     @property
     def dropped_batches(self) -> int:

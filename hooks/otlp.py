@@ -21,6 +21,8 @@ from typing import Any
 from trainvitals.otlp import attribute_fields, metric_name, value_fields
 from trainvitals.schema import TABLES, BatchBuilder
 
+from .exporter import ExportResult
+
 log = logging.getLogger(__name__)
 
 SIGNAL_PATH = "/v1/metrics"
@@ -76,7 +78,7 @@ class OtlpExporter:
         self.sent_batches = 0
         self.dropped_batches = 0  # refused by the endpoint, or not delivered in time
 
-    def export(self, batch: BatchBuilder) -> bool:
+    def export(self, batch: BatchBuilder) -> ExportResult:
         from opentelemetry.sdk.metrics.export import MetricExportResult
 
         try:
@@ -91,7 +93,7 @@ class OtlpExporter:
         else:
             log.error("a telemetry batch was not delivered to %s; it is lost", self.endpoint)
             self.dropped_batches += 1
-        return delivered
+        return ExportResult.of(delivered)
 
     def force_flush(self, timeout_s: float) -> bool:
         try:

@@ -16,12 +16,15 @@ import orjson
 from tests.collector.conftest import make_batch
 from tests.conftest import CollectorProcess, free_port
 from trainvitals.hooks.exporter import (
+    ExportResult,
     HttpExporter,
     InMemoryExporter,
     JsonlExporter,
     MultiExporter,
 )
 from trainvitals.schema import decode_msgpack
+
+SUCCESS, FAILURE = ExportResult.SUCCESS, ExportResult.FAILURE
 
 
 def _stored_steps(store: Path, run_id: str = "r1") -> list[int]:
@@ -38,14 +41,14 @@ def test_batches_spool_while_the_collector_is_down_and_resend_in_order(tmp_path:
     exporter = HttpExporter(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool",
                             retries=0, backoff_s=0.01)  # fmt: skip
     for first in (0, 3, 6):
-        assert exporter.export(make_batch(steps=range(first, first + 3))) is False
+        assert exporter.export(make_batch(steps=range(first, first + 3))) is FAILURE
     assert [p.name for p in exporter.spool.pending()] == [f"{i:012d}.json" for i in range(3)]
     collector = CollectorProcess(tmp_path / "store.duckdb", port=port)
     try:
-        assert exporter.export(make_batch(steps=range(9, 12))) is True
+        assert exporter.export(make_batch(steps=range(9, 12))) is SUCCESS
         assert exporter.spool.pending() == [] and exporter.dropped_batches == 0
         # A resend of what is already stored changes nothing.
-        assert exporter.export(make_batch(steps=range(0, 12))) is True
+        assert exporter.export(make_batch(steps=range(0, 12))) is SUCCESS
     finally:
         collector.stop()
     assert _stored_steps(tmp_path / "store.duckdb") == list(range(12))
@@ -55,7 +58,7 @@ def test_rejected_batch_is_not_spooled(tmp_path: Path, collector) -> None:
     exporter = HttpExporter(collector.url, spool_dir=tmp_path / "spool")
     bad = make_batch()
     bad._columns["steps"]["loss"][0] = "not a number"
-    assert exporter.export(bad) is False
+    assert exporter.export(bad) is FAILURE
     assert exporter.rejected_batches == 1 and exporter.spool.pending() == []
 
 
@@ -94,14 +97,14 @@ def test_a_batch_the_collector_keeps_failing_on_is_set_aside(tmp_path: Path, col
     url = f"http://127.0.0.1:{server.server_port}"
     exporter = HttpExporter(url, spool_dir=spool, retries=0, backoff_s=0.001)
     try:
-        assert exporter.export(make_batch("poison", steps=range(0, 3))) is False  # spooled
+        assert exporter.export(make_batch("poison", steps=range(0, 3))) is FAILURE  # spooled
         delivered = [exporter.export(make_batch(steps=range(s, s + 3))) for s in (0, 3, 6)]
     finally:
         server.shutdown()
         server.server_close()
     # Two drains keep the order (the good batches queue behind it); the third sets it aside
     # and delivers the three in order.
-    assert delivered == [False, False, True]
+    assert delivered == [FAILURE, FAILURE, SUCCESS]
     assert [doc["steps"]["step"][0] for doc in _FailsOnPoison.received] == [0, 3, 6]
     assert exporter.dropped_batches == 1 and exporter.spool.pending() == []
     assert [p.name for p in spool.iterdir()] == ["000000000000.failed.json"]
@@ -117,7 +120,7 @@ def test_a_multi_exporter_counts_what_each_exporter_dropped() -> None:
     reach the monitor's telemetry_dropped (it reads `dropped_batches`)."""
     unreachable = HttpExporter(f"http://127.0.0.1:{free_port()}", retries=0, backoff_s=0.001)
     multi = MultiExporter([InMemoryExporter(), unreachable])  # no spool: a batch is lost
-    assert multi.export(make_batch()) is False
+    assert multi.export(make_batch()) is FAILURE
     assert unreachable.dropped_batches == 1 and multi.dropped_batches == 1
 
 
@@ -125,7 +128,7 @@ def test_a_telemetry_file_on_a_full_disk_counts_its_drops_and_closes_quietly() -
     """/dev/full refuses every write: each batch is counted as dropped, and shutting the
     exporter down (which the monitor's close() does) does not raise into training."""
     exporter = JsonlExporter("/dev/full")
-    assert exporter.export(make_batch()) is False and exporter.export(make_batch()) is False
+    assert exporter.export(make_batch()) is FAILURE and exporter.export(make_batch()) is FAILURE
     assert exporter.dropped_batches == 2
     exporter.shutdown(1.0)
 

@@ -14,10 +14,12 @@ import torch.nn.functional as F
 from tests.collector.conftest import make_batch
 from tests.conftest import CollectorProcess, free_port
 from trainvitals.hooks import attach
-from trainvitals.hooks.exporter import HttpExporter
+from trainvitals.hooks.exporter import ExportResult, HttpExporter
 from trainvitals.hooks.otlp import OtlpExporter
 from trainvitals.schema import STORE_TABLES, BatchBuilder
 from trainvitals.trainer.model import PRESETS, Transformer
+
+SUCCESS, FAILURE = ExportResult.SUCCESS, ExportResult.FAILURE
 
 
 def rich_batch(run_id: str) -> BatchBuilder:
@@ -58,9 +60,9 @@ def test_otlp_and_native_ingest_store_identical_rows(tmp_path: Path) -> None:
     collector = CollectorProcess(tmp_path / "store.duckdb")
     try:
         native, otlp = HttpExporter(collector.url), OtlpExporter(collector.url)
-        assert native.export(rich_batch("native")) is True
-        assert otlp.export(rich_batch("otlp")) is True
-        assert otlp.export(rich_batch("otlp")) is True  # a resend: no duplicate
+        assert native.export(rich_batch("native")) is SUCCESS
+        assert otlp.export(rich_batch("otlp")) is SUCCESS
+        assert otlp.export(rich_batch("otlp")) is SUCCESS  # a resend: no duplicate
         assert (otlp.sent_batches, otlp.dropped_batches) == (2, 0)
         otlp.shutdown(5)
         native.shutdown(5)
@@ -79,20 +81,20 @@ def test_otlp_and_native_ingest_store_identical_rows(tmp_path: Path) -> None:
 
 def test_failures_are_counted_never_raised(collector) -> None:
     dead = OtlpExporter(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
-    assert dead.export(make_batch()) is False
+    assert dead.export(make_batch()) is FAILURE
     assert dead.dropped_batches == 1
     dead.shutdown(1)
     live = OtlpExporter(collector.url, timeout_s=5)
     bad = make_batch()
     bad._columns["steps"]["tokens"][0] = 1.5  # the collector refuses it (400): not retried
-    assert live.export(bad) is False
+    assert live.export(bad) is FAILURE
     assert (live.sent_batches, live.dropped_batches) == (0, 1)
     unencodable = make_batch()
     unencodable._columns["steps"]["loss"][0] = "not a number"
-    assert live.export(unencodable) is False and live.dropped_batches == 2
-    assert live.export(make_batch()) is True
+    assert live.export(unencodable) is FAILURE and live.dropped_batches == 2
+    assert live.export(make_batch()) is SUCCESS
     live.shutdown(1)
-    assert live.export(make_batch()) is False  # after shutdown: counted, not raised
+    assert live.export(make_batch()) is FAILURE  # after shutdown: counted, not raised
 
 
 def test_bad_endpoint_is_refused_at_construction() -> None:
