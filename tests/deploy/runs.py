@@ -22,6 +22,10 @@ CANARY_EVERY = 5  # steps between canary fingerprints
 STRAGGLER_RANK, STRAGGLER_SLOWDOWN = 3, 0.2
 SDC_RANK = 2
 FAULTS = ("loss_spike", "nonfinite", "straggler", "sdc")
+# The collector of the end-to-end test requires a token, as the compose stack's does
+# (servers.py): reads and writes, and Prometheus' scrapes, all carry it.
+TOKEN = "e2e-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
 def _rank_rows(step: int, fault: str | None) -> list[dict]:
@@ -91,21 +95,21 @@ def post(collector_url: str, b: BatchBuilder) -> None:
     r = httpx.post(
         f"{collector_url}/api/v1/ingest",
         content=b.to_json(),
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **AUTH},
         timeout=10,
     )
     assert r.status_code == 202, r.text
 
 
 def stored_last_step(collector_url: str, run_id: str) -> int:
-    runs = httpx.get(f"{collector_url}/api/v1/runs", timeout=5).json()
+    runs = httpx.get(f"{collector_url}/api/v1/runs", headers=AUTH, timeout=5).json()
     return next((r["last_step"] for r in runs if r["run_id"] == run_id), -1)
 
 
 def analysis_caught_up(collector_url: str) -> bool:
     """Has the collector's live analyzer seen every committed step? (It runs about 1 s
     behind the writer, on its own thread.)"""
-    text = httpx.get(f"{collector_url}/metrics", timeout=5).text
+    text = httpx.get(f"{collector_url}/metrics", headers=AUTH, timeout=5).text
     for line in text.splitlines():
         if line.startswith("trainvitals_collector_analysis_lag_seconds "):
             return float(line.split()[1]) == 0.0
@@ -113,4 +117,5 @@ def analysis_caught_up(collector_url: str) -> bool:
 
 
 def analyzer_alerts(collector_url: str, run_id: str) -> list[dict]:
-    return httpx.get(f"{collector_url}/api/v1/runs/{run_id}/alerts", timeout=5).json()
+    url = f"{collector_url}/api/v1/runs/{run_id}/alerts"
+    return httpx.get(url, headers=AUTH, timeout=5).json()

@@ -5,6 +5,7 @@ that stands in for Slack or PagerDuty."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import yaml
 
 from tests.conftest import free_port, wait_until
 
+from . import runs
 from .stack import (
     alertmanager_test_config,
     binary,
@@ -31,11 +33,20 @@ from .stack import (
 class Server:
     """A subprocess serving `url`, its output in `log`; ready once `url + ready_path` answers."""
 
-    def __init__(self, name: str, argv: list[str], url: str, ready_path: str, log: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        url: str,
+        ready_path: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name, self.url, self.log = name, url, log
         self.address = url.removeprefix("http://")
+        env = {**os.environ, **(env or {})}
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         self._ready_url = url + ready_path
         wait_until(self._ready, timeout_s=60, interval_s=0.2)
 
@@ -67,6 +78,7 @@ def start_collector(tmp: Path) -> Server:
         f"http://127.0.0.1:{port}",
         "/healthz",
         tmp / "collector.log",
+        env={"TRAINVITALS_INGEST_TOKEN": runs.TOKEN},  # as compose passes TRAINVITALS_TOKEN
     )
 
 
@@ -97,7 +109,9 @@ def start_prometheus(tmp: Path, collector: Server, alertmanager: Server) -> Serv
         "localhost:9090": f"127.0.0.1:{port}",  # Prometheus scraping itself
     }
     config = tmp / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_test_config(local_address)))
+    token_file = tmp / "collector-token"  # the compose secret's stand-in
+    token_file.write_text(runs.TOKEN)
+    config.write_text(yaml.safe_dump(prometheus_test_config(local_address, token_file=token_file)))
     local = {
         "--config.file": str(config),
         "--storage.tsdb.path": str(tmp / "tsdb"),

@@ -87,8 +87,11 @@ def binary(name: str) -> str:
     return path
 
 
-def prometheus_test_config(targets: dict[str, str], interval: str = "1s") -> dict[str, Any]:
-    """The shipped prometheus.yml with local targets, 1 s intervals and absolute rule paths.
+def prometheus_test_config(
+    targets: dict[str, str], interval: str = "1s", token_file: Path | None = None
+) -> dict[str, Any]:
+    """The shipped prometheus.yml with local targets, 1 s intervals and absolute rule paths;
+    the collector's token read from `token_file` (else the placeholder beside the config).
 
     `targets` maps each compose address in the config ("collector:8000") to a local one.
     Every target must be mapped, so a target added to the shipped file cannot go untested.
@@ -99,7 +102,9 @@ def prometheus_test_config(targets: dict[str, str], interval: str = "1s") -> dic
     for job in cfg["scrape_configs"]:  # the token file, as the rules: beside the config
         if "authorization" in job:
             auth = job["authorization"]
-            auth["credentials_file"] = str(PROMETHEUS_CONFIG.parent / auth["credentials_file"])
+            auth["credentials_file"] = str(
+                token_file or PROMETHEUS_CONFIG.parent / auth["credentials_file"]
+            )
     static = [
         sc
         for section in (cfg["scrape_configs"], cfg["alerting"]["alertmanagers"])
