@@ -69,6 +69,15 @@ class ActivationMeter:
     def arm(self, logged: bool) -> None:
         self.active = logged
 
+    start_step = arm  # the meter protocol (meter.py)
+
+    def collect(self, step: int, steps: int) -> dict[str, Any]:
+        """The meter protocol's logged step: the maxima and block outputs, then a new
+        interval (reset replaces the tensors that maxima() just copied: no sync)."""
+        values = {"maxima": self.maxima(), "activations": self.take_logged()}
+        self.reset()
+        return values
+
     def take_logged(self) -> list[LoggedOutput]:
         """The logged step's block outputs (norms and counts on the device), handed over once."""
         logged, self._act_logged = self._act_logged, []

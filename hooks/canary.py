@@ -13,8 +13,11 @@ cryptographic hash, which is all an honest-hardware comparison needs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
+
+from .meter import Every
 
 FINGERPRINT_BITS = 52
 _MASK = (1 << FINGERPRINT_BITS) - 1
@@ -40,12 +43,34 @@ class Canary:
     result on a rank that simulates a faulty unit. None in real runs.
     """
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, size: int = 256) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        size: int = 256,
+        *,
+        every: int = 0,
+        first_step: int = 0,
+    ) -> None:
         gen = torch.Generator().manual_seed(20250101)
         self.a = torch.randn(size, size, generator=gen).to(device, dtype)
         self.b = torch.randn(size, size, generator=gen).to(device, dtype)
         self.weights = checksum_weights(size * size, device)
         self.fault: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.schedule = Every(every, first_step)  # when collect() runs it (0: never)
+
+    def start_step(self, logged: bool) -> None:
+        pass
+
+    def end_step(self, loss: torch.Tensor) -> None:
+        pass
+
+    def collect(self, step: int, steps: int) -> dict[str, Any]:
+        """The meter protocol: the fingerprint on a logged step its schedule makes due."""
+        return {"canary_fingerprint": self.run().double()} if self.schedule.due(step) else {}
+
+    def close(self) -> None:
+        pass
 
     def run(self) -> torch.Tensor:
         """0-d int64 fingerprint on the device (no host sync)."""

@@ -178,6 +178,17 @@ class CommsMeter:
         if not self._tp_handles and self._tp_hooks:
             self._tp_handles = [m.register_forward_hook(hook) for m, hook in self._tp_hooks]
 
+    start_step = arm  # the meter protocol (meter.py)
+
+    def end_step(self, loss: torch.Tensor) -> None:
+        pass
+
+    def collect(self, step: int, steps: int) -> dict[str, Any]:
+        """The meter protocol's logged step: take(steps), and the local gradients' sum of
+        squares when a hook read them, copied before take() zeroes it (stream order)."""
+        local_grad = self.local_grad_sumsq.clone() if self.covers_grads else None
+        return {**self.take(steps), "local_grad_sumsq": local_grad}
+
     def take(self, n_steps: int) -> dict[str, float]:
         """Per-step figures of every {kind}_count, {kind}_bytes and {kind}_time_s (NaN where
         not measured, or where no step was armed since the last take): counts, bytes and

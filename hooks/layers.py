@@ -159,3 +159,17 @@ def arrived(t: torch.Tensor) -> torch.Tensor:
     if AsyncCollectiveTensor is not None and isinstance(t, AsyncCollectiveTensor):
         t = t.trigger_wait()
     return t
+
+
+def check_attachable(model: nn.Module) -> None:
+    """ValueError for a model the monitor cannot watch as it is: one already watched (two
+    monitors would both wrap FSDP's collectives, and closing one would unwrap the other's),
+    or one with parameters not materialized yet (on the meta device)."""
+    if getattr(model, "_trainvitals_attached", False):
+        raise ValueError("attach: a monitor is already attached to this model; close() it first")
+    meta = next((n for n, p in model.named_parameters() if local(p).is_meta), None)
+    if meta is not None:
+        raise ValueError(
+            f"attach: parameter {meta!r} is on the meta device; materialize the model "
+            "(model.to_empty(device=...) and load or initialise its weights) before attach"
+        )

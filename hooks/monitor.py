@@ -15,7 +15,8 @@ OpenTelemetry's SDK separates them:
 
 - meters read one kind of statistic each: block outputs (activations.py), collectives
   (comms.py), step timing (timing.py), the optimizer's update (update.py), power
-  (power.py), the SDC canary and replica fingerprints (canary.py, replica.py);
+  (power.py), the SDC canary and replica fingerprints (canary.py, replica.py), all driven
+  through one protocol (meter.py: start_step, end_step, collect, close);
 - on a logged step the step reducer (reducer.py) packs them into one device vector
   (records.VectorLayout, its size independent of the world size), starts one SUM
   all-reduce and a small MAX one on a process group of the monitor's own, and the gather of
@@ -28,7 +29,6 @@ OpenTelemetry's SDK separates them:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -45,18 +45,11 @@ from .comms import CommsMeter
 from .config import MonitorConfig
 from .exporter import Exporter, HttpExporter, NullExporter
 from .heartbeat import HeartbeatSender, Liveness, NullHeartbeat, PhaseHooks
-from .layers import (
-    find_layers,
-    local,
-    plain_activation_weight,
-)
+from .layers import check_attachable, find_layers, local, plain_activation_weight
+from .meter import Meter
 from .power import PowerSampler
 from .reader import ExportReader
-from .records import (
-    SAMPLED_FIELDS,
-    StepMeta,
-    VectorLayout,
-)
+from .records import StepMeta, VectorLayout
 from .reducer import StepReducer
 from .replica import ReplicaFingerprint
 from .runmeta import run_metadata
@@ -133,7 +126,7 @@ class Monitor:
         self.params = list(model.parameters())
         if not self.params:
             raise ValueError("attach: the model has no parameters to monitor")
-        _check_attachable(model)
+        check_attachable(model)
         self._model = model
         model._trainvitals_attached = True
         self.layers = find_layers(model)
@@ -143,25 +136,33 @@ class Monitor:
             layer_numel[layer] += p.numel()  # a DTensor's numel is its global size
         self.layout = VectorLayout(len(self.layers.names), tuple(layer_numel))
         # The meters: each reads one kind of statistic; the reducer packs them on a logged step.
-        self.update = UpdateMeter(self.params)  # the optimizer step before a logged step
-        self.replica = ReplicaFingerprint(self.params, mesh, self.world_size)
+        # All driven through the Meter protocol (meter.py), in this order.
+        every, first = cfg.canary_every, cfg.first_step  # the SDC checks' schedule
+        cuda = self.device.type == "cuda"
+        self.power = PowerSampler(
+            self.device, int(os.environ.get("LOCAL_RANK", "0")), cfg.power_interval_s or None
+        )
         self.timer = StepTimer(model, self.device)
+        self.update = UpdateMeter(self.params)  # the optimizer step before a logged step
         self.comms = CommsMeter(
             model, mesh, self.device, time_collectives=cfg.time_collectives, ddp=ddp
         )
-        canary_dtype = cfg.canary_dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
-        self.canary = Canary(self.device, getattr(torch, canary_dtype))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.power = PowerSampler(self.device, local_rank, cfg.power_interval_s or None)
         plain_weight = plain_activation_weight(mesh, cfg.activation_replicated_dims)
         self.activations = ActivationMeter(model, self.layers, self.device, plain_weight)
+        dtype = getattr(torch, cfg.canary_dtype or ("bfloat16" if cuda else "float32"))
+        self.canary = Canary(self.device, dtype, every=every, first_step=first)
+        self.replica = ReplicaFingerprint(
+            self.params, mesh, self.world_size, every=every, first_step=first
+        )
+        self.meters: list[Meter] = [
+            self.power, self.timer, self.update, self.comms, self.activations, self.canary,
+            self.replica,
+        ]  # fmt: skip
         self._last_logged = cfg.first_step - 1
-        every = cfg.canary_every or 1
-        self._next_canary_step = -(-cfg.first_step // every) * every  # a multiple, not before
         self.step_count = cfg.first_step
         self._active = self._logged(cfg.first_step)  # is this step a logged one?
-        self.comms.arm(self._active)
-        self.activations.arm(self._active)
+        for meter in self.meters:
+            meter.start_step(self._active)
 
         run_meta, self.node = run_metadata(self, model)  # collective; finds this rank's node
         self.run_id = run_meta.pop("run_id")
@@ -201,28 +202,18 @@ class Monitor:
         now, arrival_unix_s = time.perf_counter(), time.time()
         step_time_s, self._last_step_end = now - self._last_step_end, now
         self.liveness.finished(self.step_count)
-        data_time_s, compute_time_s = self.timer.step()
         loss = self._loss_scalar(loss)
         if lr is not None:
             lr = float(lr)  # numpy and tensor lrs too; sync point only for an lr on the GPU
-        self.activations.end_step(loss)
+        for meter in self.meters:
+            meter.end_step(loss)
         if self._active:
-            timing = {
-                "step_time_s": step_time_s,
-                "compute_time_s": compute_time_s,
-                "data_time_s": data_time_s,
-                "arrival_unix_s": arrival_unix_s,
-            }
+            timing = {"step_time_s": step_time_s, "arrival_unix_s": arrival_unix_s}
             self._launch(loss, tokens, lr, timing)
-            self.activations.reset()  # after _launch copied them into its vector
         self.step_count += 1
         self._active = self._logged(self.step_count)
-        self.comms.arm(self._active)
-        self.activations.arm(self._active)
-        if self._active:
-            # The optimizer step that follows changes the parameters: the next (logged) step
-            # reports that change (update.py).
-            self.update.arm()
+        for meter in self.meters:
+            meter.start_step(self._active)
 
     def _logged(self, step: int) -> bool:
         """Every log_every-th step, and the run's last one when total_steps is known."""
@@ -238,38 +229,19 @@ class Monitor:
     def _launch(
         self, loss: torch.Tensor, tokens: int, lr: float | None, timing: dict[str, float]
     ) -> None:
-        """Read the meters, hand everything to the reducer, the step in flight to the reader."""
-        power = self.power.read()
-        # Copied before take() zeroes it (both in stream order: no sync).
-        local_grad = self.comms.local_grad_sumsq.clone() if self.comms.covers_grads else None
-        traffic = self.comms.take(self.step_count - self._last_logged)
-        self._last_logged = self.step_count
-        host_slot = {
-            **timing,
-            **traffic,
-            "tokens": tokens,
-            **{k: getattr(power, k, math.nan) for k in SAMPLED_FIELDS},
-            "replica_group": math.nan if self.replica.group is None else self.replica.group,
-        }
-        device_slot = {}
-        if self.cfg.canary_every and self.step_count >= self._next_canary_step:
-            every = self.cfg.canary_every  # the first logged step at or after each multiple
-            self._next_canary_step = (self.step_count // every + 1) * every
-            device_slot["canary_fingerprint"] = self.canary.run().double()
-            if self.replica.group is not None:
-                device_slot["replica_fingerprint"] = self.replica.fingerprint().double()
+        """Collect the meters, hand everything to the reducer, the step in flight to the
+        reader. Each value goes by name: the reducer's own inputs, else a slot field, on
+        the device (a tensor: copied device to device) or the host."""
+        steps, self._last_logged = self.step_count - self._last_logged, self.step_count
+        values: dict[str, Any] = {**timing, "tokens": tokens}
+        for meter in self.meters:
+            values.update(meter.collect(self.step_count, steps))
+        inputs = {k: values.pop(k, None) for k in _REDUCER_INPUTS}
+        device_slot = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+        host_slot = {k: v for k, v in values.items() if k not in device_slot}
         meta = StepMeta(self.step_count, lr, self.flops_per_token, self.peak_flops_per_s)
         pending = self.reducer.reduce(
-            meta,
-            loss,
-            tokens,
-            host_slot,
-            device_slot,
-            maxima=self.activations.maxima(),
-            activations=self.activations.take_logged(),
-            update=self.update.take(),
-            local_grad_sumsq=local_grad,
-            dropped=self.telemetry_dropped,
+            meta, loss, tokens, host_slot, device_slot, **inputs, dropped=self.telemetry_dropped
         )
         self.reader.put(pending)
 
@@ -299,11 +271,8 @@ class Monitor:
         self._closed = True
         self.heartbeat.close("ended")  # first: a slow drain below must not look like a hang
         self._phases.close()
-        self.power.close()
-        self.timer.close()
-        self.update.close()
-        self.comms.close()
-        self.activations.close()
+        for meter in self.meters:
+            meter.close()
         self._model._trainvitals_attached = False
         if self.rank == 0:  # a clean end: alerting tells a finished run from a stalled one
             detail = {
@@ -337,19 +306,5 @@ class NullMonitor:
         pass
 
 
-def _check_attachable(model: nn.Module) -> None:
-    """ValueError for a model the monitor cannot watch as it is: one already watched (two
-    monitors would both wrap FSDP's collectives, and closing one would unwrap the other's),
-    or one with parameters not materialized yet (on the meta device)."""
-    if getattr(model, "_trainvitals_attached", False):
-        raise ValueError("attach: a monitor is already attached to this model; close() it first")
-    meta = next((n for n, p in model.named_parameters() if local(p).is_meta), None)
-    if meta is not None:
-        raise ValueError(
-            f"attach: parameter {meta!r} is on the meta device; materialize the model "
-            "(model.to_empty(device=...) and load or initialise its weights) before attach"
-        )
-
-
-def _no_wait() -> None:
-    pass
+# What meters collect for StepReducer.reduce's keyword inputs rather than the rank slot.
+_REDUCER_INPUTS = ("maxima", "activations", "update", "local_grad_sumsq")

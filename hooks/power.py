@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from .node import NodeCounters, NodeRates, NodeTotals
+from .records import SAMPLED_FIELDS
 
 RAPL_ROOT = Path("/sys/class/powercap")
 # nvmlFieldValue_t.scopeId that sums an NVLink counter over every link (nvml.h).
@@ -293,6 +294,17 @@ class PowerSampler:
             ib_rx_bytes_per_s=node.ib_rx_bytes_per_s,
             ib_tx_bytes_per_s=node.ib_tx_bytes_per_s,
         )
+
+    def start_step(self, logged: bool) -> None:
+        pass
+
+    def end_step(self, loss: torch.Tensor) -> None:
+        pass
+
+    def collect(self, step: int, steps: int) -> dict[str, float]:
+        """The meter protocol: read(), as the rank slot's sampled fields (host numbers)."""
+        reading = self.read()
+        return {k: getattr(reading, k, math.nan) for k in SAMPLED_FIELDS}
 
     def close(self) -> None:
         self._stop.set()

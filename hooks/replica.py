@@ -12,12 +12,16 @@ on the mesh dimensions the chosen parameters are NOT replicated over.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from .canary import FINGERPRINT_BITS, checksum_weights
 from .layers import local
+from .meter import Every
 
 _MASK = (1 << FINGERPRINT_BITS) - 1
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -56,12 +60,35 @@ class ReplicaFingerprint:
     """Which local shards to checksum, and this rank's replica group (None: no replicas)."""
 
     def __init__(
-        self, params: list[torch.Tensor], mesh: DeviceMesh | None, world_size: int
+        self,
+        params: list[torch.Tensor],
+        mesh: DeviceMesh | None,
+        world_size: int,
+        *,
+        every: int = 0,
+        first_step: int = 0,
     ) -> None:
         self.tensors, self.group = _choose(params, mesh, world_size)
+        self.schedule = Every(every, first_step)  # the canary's: both on the same steps
         if self.tensors:
             device = self.tensors[0].device
             self._weights = checksum_weights(_TILE, device, seed=0x7E9)
+
+    def start_step(self, logged: bool) -> None:
+        pass
+
+    def end_step(self, loss: torch.Tensor) -> None:
+        pass
+
+    def collect(self, step: int, steps: int) -> dict[str, Any]:
+        """The meter protocol: the replica group, and the fingerprint when due (and one)."""
+        values: dict[str, Any] = {"replica_group": math.nan if self.group is None else self.group}
+        if self.schedule.due(step) and self.group is not None:
+            values["replica_fingerprint"] = self.fingerprint().double()
+        return values
+
+    def close(self) -> None:
+        pass
 
     def fingerprint(self) -> torch.Tensor:
         """0-d int64 device tensor (no host sync). Call only when `group` is not None."""

@@ -47,6 +47,7 @@ class StepTimer:
         self._cpu_s = time.thread_time()
         self._forward_seen = False
         self._data_time_s = math.nan
+        self._last = (math.nan, math.nan)  # step() at the last end_step (meter protocol)
         self._span: list[torch.cuda.Event] = []  # [start] or [start, end] of the running step
         self._done: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=8)
         self._handles = [
@@ -82,6 +83,17 @@ class StepTimer:
         if self.cuda and self._span:
             self._span[1:] = [recorded_event()]
         return data_s, compute_s
+
+    def start_step(self, logged: bool) -> None:
+        pass
+
+    def end_step(self, loss: torch.Tensor) -> None:
+        """The meter protocol: step() at every boundary, kept for a logged step's collect."""
+        self._last = self.step()
+
+    def collect(self, step: int, steps: int) -> dict[str, Any]:
+        data_time_s, compute_time_s = self._last
+        return {"data_time_s": data_time_s, "compute_time_s": compute_time_s}
 
     def _finished_gpu_time_s(self) -> float:
         for start, end in reversed(self._done):

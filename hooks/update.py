@@ -40,6 +40,7 @@ class UpdateMeter:
         self._owned = OptimizerParams(params)
         self._uses_optimizer = False  # has an optimizer of these parameters stepped?
         self._armed = False
+        self._seen_step = False  # start_step arms only after a step ended (meter protocol)
         self._boundary_copy: list[torch.Tensor] | None = None  # loops without an optimizer
         self._before: dict[int, list[torch.Tensor]] = {}  # per optimizer, while it steps
         self._norms: list[torch.Tensor | None] | None = None  # per parameter, by post-hooks
@@ -53,6 +54,18 @@ class UpdateMeter:
         self._armed, self._norms = True, None
         if not self._uses_optimizer:
             self._boundary_copy = _copy([local(p) for p in self._params])
+
+    def start_step(self, logged: bool) -> None:
+        """The meter protocol: before a logged step, measure the optimizer step that comes
+        first (the one after the previous step's end); none precedes the first step seen."""
+        if logged and self._seen_step:
+            self.arm()
+
+    def end_step(self, loss: torch.Tensor) -> None:
+        self._seen_step = True
+
+    def collect(self, step: int, steps: int) -> dict[str, Any]:
+        return {"update": self.take()}
 
     def take(self) -> list[torch.Tensor] | None:
         """Per-parameter L2 norms (0-d device tensors) of the change the measured step made,
