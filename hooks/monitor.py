@@ -187,7 +187,9 @@ class Monitor:
             if cfg.heartbeat_url
             else NullHeartbeat()
         )
-        self._last_step_end = time.perf_counter()
+        # The first step's data time and step time start at the same instant: step 0's data
+        # time once included attach's collectives and exceeded its step time.
+        self._last_step_end = self.timer.restart()
         self._closed = False
 
     # ------------------------------------------------------------------ hot path (no sync)

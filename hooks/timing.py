@@ -55,6 +55,13 @@ class StepTimer:
             register_optimizer_step_post_hook(self._optimizer_end),
         ]
 
+    def restart(self) -> float:
+        """Count the coming step's data time from now (the end of `attach`: the node
+        discovery and group creation after this timer was made are no data time); returns
+        the time, for the step time to start from the same instant."""
+        self._boundary_s = time.perf_counter()
+        return self._boundary_s
+
     def _forward_start(self, _module: nn.Module, _args: Any) -> None:
         if self._forward_seen:
             return
