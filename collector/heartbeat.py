@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 from trainvitals.schema import SchemaError, heartbeats_to_arrow
 
 from .deps import get_settings, get_store, get_watchdog
-from .ingest import DECODERS, check_token, read_body
+from .ingest import read_body, writable_decoder
 from .settings import Settings
 from .store import Store
 from .watchdog import LiveWatchdog
@@ -50,15 +50,7 @@ async def heartbeats(
 ) -> dict[str, Any]:
     """Take a batch of heartbeats for the watchdog and the store. 202 once taken."""
     received_unix_s = time.time()
-    check_token(settings, authorization)
-    if store.read_only:
-        raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    decode = DECODERS.get(ctype)
-    if decode is None:
-        raise HTTPException(
-            415, f"content-type {ctype!r} is not supported; send one of {sorted(DECODERS)}"
-        )
+    decode = writable_decoder(request, settings, store, authorization)
     try:
         body = await read_body(request, settings.max_body_bytes)
     except ClientDisconnect as e:  # a rank that died mid-request (torchrun's teardown)

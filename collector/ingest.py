@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
@@ -52,6 +53,23 @@ def bearer_matches(authorization: str | None, expected: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(
         token.strip().encode(), expected.encode()
     )
+
+
+def writable_decoder(
+    request: Request, settings: Settings, store: Store, authorization: str | None
+) -> Callable[[bytes], Any]:
+    """The decoder of a write's content type, once its token and the store's mode allow it;
+    401, 409 or 415 naming what is wrong otherwise. Ingest and heartbeats share it."""
+    check_token(settings, authorization)
+    if store.read_only:
+        raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    decode = DECODERS.get(ctype)
+    if decode is None:
+        raise HTTPException(
+            415, f"content-type {ctype!r} is not supported; send one of {sorted(DECODERS)}"
+        )
+    return decode
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -104,15 +122,7 @@ async def ingest(
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     """Store one schema batch (JSON or msgpack, optionally gzip). 202 once it is committed."""
-    check_token(settings, authorization)
-    if store.read_only:
-        raise HTTPException(409, "this collector serves a stored run read-only (replay mode)")
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    decode = DECODERS.get(ctype)
-    if decode is None:
-        raise HTTPException(
-            415, f"content-type {ctype!r} is not supported; send one of {sorted(DECODERS)}"
-        )
+    decode = writable_decoder(request, settings, store, authorization)
     body = await read_body(request, settings.max_body_bytes)
     try:
         # CPU-bound: off the event loop.

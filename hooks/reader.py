@@ -168,8 +168,8 @@ class ExportReader:
     def _add_rows(self, batch: ColumnBatch, item: Pending) -> None:
         """The rows of a reduced step: steps and layers on rank 0, the node's ranks on its
         leader. Numpy columns throughout: O(layers + local ranks), nothing per row."""
-        # sync point: host, after wait(), on this export thread only.
-        both = np.concatenate([p.numpy() for p in item.parts])
+        # Host tensors whose async copy wait() has completed, on this export thread only.
+        both = np.concatenate([p.numpy() for p in item.parts])  # sync point (export thread)
         size, max_size = self.layout.size, self.layout.max_size
         v, v_max = both[:size], both[size : size + max_size]
         if self.rank == 0:

@@ -117,7 +117,7 @@ class ColumnBatch:
                 if values is None:
                     cols[f.name] = [None] * n
                     continue
-                listed = [_wire(v) for v in values.tolist()]
+                listed = [_wire(v) for v in values.tolist()]  # numpy on the host: no device
                 if valid is not None:
                     listed = [
                         v if ok else None for v, ok in zip(listed, valid.tolist(), strict=True)
