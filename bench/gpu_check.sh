@@ -78,8 +78,8 @@ echo "== where the hooks' time goes, 125m: host and device time of each hook per
 python3 "$repo/bench/hook_breakdown.py" --preset 125m --batch 16 2>&1 | grep -v Warning \
     | tee "$out/breakdown_125m.txt"
 # Each overhead run also has a plain copy and a control (see the script). QUICK=1 leaves out
-# the 1b model's every-step copy. The 1b copies (three of them,
+# the 1b model's every-step copy, SKIP_1B=1 the 1b model. The 1b copies (three of them,
 # with AdamW state) take about 40 GB: expandable segments keep fragmentation from tipping an
 # 80 GB card over.
-if [ "${QUICK:-0}" = 1 ]; then overhead 1b 8 10 10; else overhead 1b 8 10 10,1; fi
+if [ "${SKIP_1B:-0}" = 1 ]; then :; elif [ "${QUICK:-0}" = 1 ]; then overhead 1b 8 10 10; else overhead 1b 8 10 10,1; fi
 echo "== done ($(date +%T))"

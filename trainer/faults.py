@@ -11,6 +11,17 @@
     --inject spike:step=50,kind=lr                   one step uses 30x the learning rate
     --inject nan:step=40                             the loss becomes NaN
     --inject crash:rank=3,step=60 / hang:rank=3,step=60
+    --inject diverge:step=40,growth=1.3              data window 40 tips training into an
+                                                     instability: from the step that trains on
+                                                     it, the learning rate grows 1.3x a step
+                                                     (up to 10,000x) and the loss climbs; tied to
+                                                     the data, not the step: a run that skips
+                                                     that window (--skip-data) never meets it
+
+A fault of a node's hardware names the node: `sdc:node=node1,rank=0,step=30` (also crash,
+hang, straggler) hits local rank 0 of the agent whose TRAINVITALS_NODE is node1 (the
+supervisor's agents set it), whatever its global rank; once that node is fenced no rank
+meets it again, as with real faulty hardware.
 
 Every rank parses the same specs; rank 0 records each fault as an event (`fault:<kind>`)
 at its step, which is the ground truth detectors are scored against.
@@ -29,7 +40,6 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import torch
 from torch import nn
@@ -38,16 +48,19 @@ from trainvitals.hooks.timing import recorded_event
 
 KINDS = {
     # kind: (required parameters, optional parameters with defaults)
-    "straggler": ({"rank", "step", "slowdown"}, {}),
-    "sdc": ({"rank", "step"}, {"fraction": 0.001, "mode": "unit"}),
+    "straggler": ({"rank", "step", "slowdown"}, {"node": ""}),
+    "sdc": ({"rank", "step"}, {"fraction": 0.001, "mode": "unit", "node": ""}),
     "spike": ({"step"}, {"kind": "batch"}),
     "nan": ({"step"}, {}),
-    "crash": ({"rank", "step"}, {}),
-    "hang": ({"rank", "step"}, {}),
+    "crash": ({"rank", "step"}, {"node": ""}),
+    "hang": ({"rank", "step"}, {"node": ""}),
+    "diverge": ({"step"}, {"growth": 1.3}),
 }
-_TEXT_PARAMS = {"kind", "mode"}
+_TEXT_PARAMS = {"kind", "mode", "node"}
 _WHOLE_PARAMS = {"rank", "step"}
+NODE_ENV = "TRAINVITALS_NODE"  # the name of the node (agent) a rank runs on
 LR_SPIKE_FACTOR = 30.0
+DIVERGE_MAX_FACTOR = 1e4  # the diverge fault's learning-rate factor stops growing here
 BITFLIP_BIT = 20  # a float32 mantissa bit: the weight changes by a few percent, nothing blows up
 
 
@@ -62,7 +75,16 @@ class Fault:
 
     @property
     def rank(self) -> int:
+        """The rank it hits: global, or local to `node` when the fault names one."""
         return int(self.params.get("rank", -1))
+
+    @property
+    def node(self) -> str:
+        return str(self.params.get("node", ""))
+
+    def poisons(self, data_index: int) -> bool:
+        """A diverge fault: whether `data_index` is its bad data window."""
+        return self.kind == "diverge" and data_index == self.step
 
 
 def parse_fault(spec: str) -> Fault:
@@ -88,6 +110,8 @@ def parse_fault(spec: str) -> Fault:
         raise ValueError(f"--inject {spec!r}: fraction must be in (0, 1]")
     if kind == "sdc" and params["mode"] not in ("unit", "bitflip"):
         raise ValueError(f"--inject {spec!r}: sdc mode must be 'unit' or 'bitflip'")
+    if kind == "diverge" and not 1 < params["growth"] <= 10:
+        raise ValueError(f"--inject {spec!r}: growth must be in (1, 10]")
     if kind == "spike" and params["kind"] not in ("batch", "lr"):
         raise ValueError(f"--inject {spec!r}: spike kind must be 'batch' or 'lr'")
     return Fault(kind, params)
@@ -112,7 +136,9 @@ def _value(spec: str, key: str, text: str) -> str | int | float:
 
 def _detail(f: Fault) -> dict:
     """A fault's parameters for its ground-truth event (rank and step are the event's own)."""
-    detail = {k: v for k, v in f.params.items() if k not in ("rank", "step")}
+    detail = {k: v for k, v in f.params.items() if k not in ("rank", "step") and v != ""}
+    if f.node:
+        detail["local_rank"] = f.rank
     if detail.get("mode") == "bitflip":
         del detail["fraction"]  # a bit flip changes one bit, not a fraction
     return detail
@@ -135,7 +161,8 @@ def flip_bit(param: torch.Tensor, bit: int) -> None:
 class FaultInjector:
     """Applies the faults that concern this rank at the right steps.
 
-    first_step: the step a resumed run starts at (0: a fresh run).
+    first_step: the step a resumed run starts at (0: a fresh run). node, local_rank: where
+    this rank runs (default: $TRAINVITALS_NODE and $LOCAL_RANK), for faults that name a node.
     """
 
     def __init__(
@@ -145,33 +172,54 @@ class FaultInjector:
         world_size: int,
         device: torch.device | None = None,
         first_step: int = 0,
+        node: str | None = None,
+        local_rank: int | None = None,
     ) -> None:
         self.faults = [parse_fault(s) for s in specs]
         for f in self.faults:
             if f.rank >= world_size:
                 raise ValueError(f"--inject {f.kind}: rank {f.rank} >= world size {world_size}")
         self.rank = rank
+        self.node = os.environ.get(NODE_ENV, "") if node is None else node
+        self.local_rank = (
+            int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+        )
         self.first_step = first_step
+        self._diverging: tuple[int, float] | None = None  # (step, growth) of a diverge fault
         self.clock = ComputeClock(device or torch.device("cpu"))
 
     def _fires(self, f: Fault) -> bool:
         """False for a crash or hang in a resumed run: it fired in the run before."""
         return not (self.first_step > 0 and f.kind in ("crash", "hang"))
 
+    def _hits_me(self, f: Fault) -> bool:
+        if f.node:  # a faulty part of one node: its local rank there
+            return f.node == self.node and f.rank == self.local_rank
+        return f.rank in (-1, self.rank)
+
     def _mine(self, kind: str, step: int, started: bool = False) -> list[Fault]:
         return [
             f for f in self.faults
-            if f.kind == kind and f.rank in (-1, self.rank)
+            if f.kind == kind and self._hits_me(f)
             and (step >= f.step if started else step == f.step)
         ]  # fmt: skip
 
     def record(self, monitor, step: int) -> None:
         """Rank 0 writes the ground truth of every fault that starts at `step` (a crashing
-        or hanging rank writes its own too: crash_or_hang)."""
+        or hanging rank writes its own too: crash_or_hang). A fault of a node rank 0 does
+        not know the global rank of is recorded with rank -1, the node in its detail."""
         if self.rank == 0:
             for f in self.faults:
-                if f.step == step and self._fires(f):
-                    monitor.event(f"fault:{f.kind}", step, f.rank, _detail(f))
+                if f.step == step and self._fires(f) and f.kind != "diverge":
+                    monitor.event(f"fault:{f.kind}", step, -1 if f.node else f.rank, _detail(f))
+
+    def record_data(self, monitor, step: int, data_index: int) -> None:
+        """Rank 0 records a bad data window's first batch where a step meets it."""
+        if self.rank == 0:
+            for f in self.faults:
+                if f.poisons(data_index):
+                    detail = {**_detail(f), "data_index": data_index}
+                    monitor.event("fault:diverge", step, -1, detail)
 
     def arm_sdc(self, model: nn.Module, monitor, step: int) -> None:
         """From its step on, this rank computes wrong values in one op and in its canary;
@@ -191,8 +239,12 @@ class FaultInjector:
             if monitor.canary is not None:  # None when the hooks are off
                 monitor.canary.fault = lambda out, p=f.params: corrupt(out, p["fraction"])
 
-    def batch(self, step: int, inputs: torch.Tensor, targets: torch.Tensor):
-        """The step's batch; random bytes for a batch spike (nothing to learn from them)."""
+    def batch(self, step: int, inputs: torch.Tensor, targets: torch.Tensor, data_index: int = -1):
+        """The step's batch; random bytes for a batch spike or a bad data window (nothing
+        to learn from them). data_index: which window of the data it is (trainer/data.py)."""
+        for f in self.faults:
+            if f.poisons(data_index) and self._diverging is None:
+                self._diverging = (step, f.params["growth"])
         if any(f.params["kind"] == "batch" for f in self._mine("spike", step)):
             gen = torch.Generator().manual_seed(step)
             noise = torch.randint(0, 256, (inputs.shape[0], inputs.shape[1] + 1), generator=gen)
@@ -201,7 +253,11 @@ class FaultInjector:
 
     def lr_factor(self, step: int) -> float:
         hit = any(f.params["kind"] == "lr" for f in self._mine("spike", step))
-        return LR_SPIKE_FACTOR if hit else 1.0
+        factor = LR_SPIKE_FACTOR if hit else 1.0
+        if self._diverging is not None:  # an instability since the bad data window
+            since, growth = self._diverging
+            factor *= min(DIVERGE_MAX_FACTOR, growth ** (step - since + 1))
+        return factor
 
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         return loss * float("nan") if self._mine("nan", step) else loss
@@ -235,13 +291,13 @@ class FaultInjector:
 
 
 class ComputeClock:
-    """This rank's compute time per step, without injected work: the straggler's baseline.
+    """This rank's time per step, without injected work: the straggler's baseline.
 
-    One step spans `start()` (before the batch) to `end()` (after the optimizer step), the
-    span the hooks' compute_time_s covers. CPU: the training thread's CPU time, less the
-    injected busy time. CUDA: CUDA events on the current stream around the step and around
-    the injected sleep, read only once the device has passed them (`Event.query()` does not
-    block), so the baseline lags the host by the steps in flight.
+    One step spans `start()` (before the batch) to `end()` (after the optimizer step). CPU:
+    the training thread's CPU time, less the injected busy time. CUDA: the host's wall time,
+    less the injected busy time. Device time alone would not do: a step that is partly
+    host-bound leaves the device idle between kernels, a device sleep fills those gaps
+    first, and on an H200 a +50% sleep slowed such a step by 14% only.
     """
 
     WINDOW = 16  # steps in the median: enough to ride out a hiccup, recent enough to follow drift
@@ -253,43 +309,28 @@ class ComputeClock:
         self.cuda = device.type == "cuda"
         self.samples: deque[float] = deque(maxlen=self.WINDOW)  # seconds per step
         self.cycles_per_s = self.CUDA_CYCLES_PER_S
-        # CUDA: per step in flight, [start, (sleep start, sleep end)..., end] and cycles slept.
-        self._pending: deque[tuple[list[torch.cuda.Event], int]] = deque()
-        self._marks: list[torch.cuda.Event] = []
-        self._cycles = 0
-        self._start_cpu_s = 0.0
-        self._busy_cpu_s = 0.0
+        self._start_s = 0.0
+        self._busy_s = 0.0
+
+    def _now_s(self) -> float:
+        return time.perf_counter() if self.cuda else time.thread_time()
 
     def start(self) -> None:
-        if self.cuda:
-            self._marks, self._cycles = [recorded_event()], 0
-        else:
-            self._start_cpu_s, self._busy_cpu_s = time.thread_time(), 0.0
+        self._start_s, self._busy_s = self._now_s(), 0.0
 
     def end(self) -> None:
-        if self.cuda:
-            self._marks.append(recorded_event())
-            self._pending.append((self._marks, self._cycles))
-            self._collect()
-        else:
-            self.samples.append(time.thread_time() - self._start_cpu_s - self._busy_cpu_s)
+        self.samples.append(self._now_s() - self._start_s - self._busy_s)
 
     def baseline_s(self) -> float | None:
         """Median seconds of this rank's recent steps without injected work; None before
         the first measured step."""
-        if self.cuda and not self.samples and self._pending:
-            self._pending[0][0][-1].synchronize()  # sync point: once a run, the first baseline
-            self._collect()
         return statistics.median(self.samples) if self.samples else None
 
     def busy(self, seconds: float) -> None:
-        """Keep this rank's device busy for about `seconds` (a slow device, not an idle one)."""
+        """Keep this rank busy for about `seconds` more per step (a slow device, not an idle
+        one: on CUDA the device sleeps)."""
         if self.cuda:
-            cycles = int(seconds * self.cycles_per_s)
-            self._marks.append(recorded_event())
-            torch.cuda._sleep(cycles)
-            self._marks.append(recorded_event())
-            self._cycles += cycles
+            self._busy_s += self._sleep_device(seconds)
             return
         # A plain spin on this thread's CPU clock: a matmul here let torch's intra-op
         # threads spin-wait on a loaded machine, so one iteration overshot by milliseconds
@@ -298,14 +339,20 @@ class ComputeClock:
         end = start + seconds
         while time.thread_time() < end:
             pass
-        self._busy_cpu_s += time.thread_time() - start
+        self._busy_s += time.thread_time() - start
 
-    def _collect(self) -> None:
-        """CUDA: take the steps the device has finished (non-blocking)."""
-        while self._pending and self._pending[0][0][-1].query():
-            marks, cycles = self._pending.popleft()
-            spans_s = [a.elapsed_time(b) / 1e3 for a, b in pairwise(marks)]  # ms -> s
-            self.samples.append(sum(spans_s[0::2]))  # the step's own work, between the sleeps
-            slept_s = sum(spans_s[1::2])
-            if cycles and slept_s > 0:
-                self.cycles_per_s = cycles / slept_s
+    def _sleep_device(self, seconds: float) -> float:
+        """Sleep the device for about `seconds`; returns the seconds it slept. Only the sleep
+        counts as injected, not the host's wait: a device-bound step's host waits for its
+        queued work here instead of later, and that wait is the step's own time."""
+        cycles = int(seconds * self.cycles_per_s)
+        before = recorded_event()
+        torch.cuda._sleep(cycles)
+        after = recorded_event()
+        # sync point: the fault's own, not the hooks'. The host waits out the sleep, so a
+        # host-bound step slows by what was asked instead of the sleep filling idle gaps.
+        after.synchronize()
+        slept_s = before.elapsed_time(after) / 1e3  # ms -> s
+        if slept_s > 0:
+            self.cycles_per_s = cycles / slept_s
+        return slept_s

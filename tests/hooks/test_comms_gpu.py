@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainvitals.hooks import comms
+from trainvitals.hooks.comms_fsdp import _param_groups
 from trainvitals.trainer.model import PRESETS, Transformer
 from trainvitals.trainer.parallel import build_mesh, parallelize
 
@@ -65,7 +66,7 @@ def test_meter_on_fsdp_never_syncs(nccl_world) -> None:
     assert all(v == 0 for v in meter.take(1).values())
     meter.arm(False)
     # What FSDP calls for dp > 1: this rank's flat gradients, reduced over the group.
-    (param_group,) = comms._param_groups(model.layers[0])
+    (param_group,) = _param_groups(model.layers[0])
     reduce_scatter = param_group._reduce_scatter_comm
     flat = torch.randn(1 << 16, device="cuda")
     out = torch.empty_like(flat)
