@@ -10,7 +10,7 @@ steps alone, an older exporter), not a gap.
 
 One alert when ranks go missing (the episode's start), one "resolved" row when a step is
 whole again. The live driver waits for a step's ranks up to a deadline before it analyses
-the step without them (collector/analysis.py); replay sees what the store holds.
+the step without them (live.py); replay sees what the store holds.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """`trainvitals replay STORE`: run the detectors over a stored run, in step order.
 
 The second driver of the one analyzer (DESIGN invariant 3): the same detector objects the
-collector runs live, fed the stored runs row and the steps, layers and ranks of each run
-in windows of steps, as the live driver (collector/analysis.py) reads them back from its
-store. Detectors judge each step on that step's rows and on telemetry timestamps only, so
-the alerts come out identical; `compare` checks that against the alerts the collector
-stored. `store_goodput` adds each run's goodput (goodput.py).
+collector runs live, fed by a telemetry source (source.py), `StoredTelemetry`: the stored
+runs row and the steps, layers and ranks of each run in windows of steps, as the live
+driver (live.py) hands them over after their commit. Detectors judge each step on that
+step's rows and on telemetry timestamps only, so the alerts come out identical; `compare`
+checks that against the alerts the collector stored. `store_goodput` adds each run's
+goodput (goodput.py).
 
 `trainvitals replay` reads through the collector's read-only Store (collector/store.py),
 as `collector --replay` does: a DuckDB store or a Parquet export folder, of this version
-or an older one (columns and tables it lacks read as empty). `check_source` first refuses
-anything else with one line, rather than replaying it as an empty store.
+or an older one (columns and tables it lacks read as empty); collector/stored.py first
+refuses anything else with one line, rather than replaying it as an empty store.
 
 Cost: three range scans per window (DuckDB prunes row groups by step) and one numpy
 conversion per column; detectors then work on per-step slices (bench/replay_speed.py).
@@ -19,69 +20,20 @@ conversion per column; detectors then work on per-step slices (bench/replay_spee
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from trainvitals.schema import EVENTS, HEARTBEATS, LAYERS, RANKS, RUNS, STEPS, STORE_TABLES
+from trainvitals.schema import EVENTS, HEARTBEATS, LAYERS, RANKS, RUNS, STEPS
 
 from .alerts import Alert
 from .config import AnalyzerConfig
 from .engine import Analyzer
 from .goodput import Goodput, goodput
 from .liveness import HANG, RANK_LOST, LivenessSettings, Watchdog
+from .source import Window, analyze
 
 CHUNK_STEPS = 10_000  # steps per read: bounded memory on a run of any length
-
-
-def check_source(path: Path) -> bool:
-    """ValueError unless `path` is a trainvitals DuckDB store or export folder; returns
-    whether it can hold the collector's live alerts to compare with.
-
-    A store written before the collector stored alerts has no alerts table: there is
-    nothing to compare with. An export has no alerts folder when the run raised none
-    (`trainvitals export` writes no empty folders), so an export always compares.
-    """
-    from trainvitals.collector.store import is_export  # the collector imports the analyzer
-
-    if path.is_dir():
-        if not is_export(path):
-            raise ValueError(
-                f"{path} is not a trainvitals export: no table folder ({', '.join(STORE_TABLES)})"
-            )
-        return True
-    if not path.is_file():
-        raise ValueError(f"cannot open {path}: no such file or directory")
-    columns = _stored_columns(path)
-    if not {"run_id", "step"} <= columns.get("steps", set()):
-        found = ", ".join(sorted(columns)) or "none"
-        raise ValueError(
-            f"{path} is not a trainvitals store: it has no steps table with run_id and step "
-            f"columns (its tables: {found})"
-        )
-    return "alerts" in columns
-
-
-def _stored_columns(path: Path) -> dict[str, set[str]]:
-    """Table name -> column names of a DuckDB file, opened read-only for a moment."""
-    try:
-        con = duckdb.connect(str(path), read_only=True)
-    except duckdb.Error as e:  # not a DuckDB file, or one another process writes to
-        from trainvitals.collector.store import damaged
-
-        raise ValueError(f"cannot open {path} read-only: {damaged(str(path), e)}") from e
-    try:
-        rows = con.execute(
-            "SELECT table_name, column_name FROM duckdb_columns() "
-            "WHERE database_name = current_database() AND schema_name = 'main'"
-        ).fetchall()
-    finally:
-        con.close()
-    columns: dict[str, set[str]] = {}
-    for table, column in rows:
-        columns.setdefault(table, set()).add(column)
-    return columns
 
 
 def _columns(table: Any) -> str:
@@ -96,7 +48,19 @@ def replay_store(
     alerts, the configuration the collector ran with."""
     runs = con.sql("SELECT DISTINCT run_id FROM steps ORDER BY run_id").fetchall()
     for (run_id,) in runs:
-        analyzer = Analyzer(config=config)
+        yield from analyze(StoredTelemetry(con, run_id), Analyzer(config=config))
+    yield from replay_liveness(con, (config or AnalyzerConfig()).liveness)
+
+
+class StoredTelemetry:
+    """The telemetry source (source.py) of one stored run: its windows of CHUNK_STEPS steps."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+        self.con = con
+        self.run_id = run_id
+
+    def windows(self) -> Iterator[Window]:
+        con, run_id = self.con, self.run_id
         meta = con.sql(
             f"SELECT {_columns(RUNS)} FROM runs WHERE run_id = $1", params=[run_id]
         ).to_arrow_table()
@@ -118,8 +82,7 @@ def replay_store(
                 params=[run_id, events_done, window[2]],
             ).to_arrow_table()
             events_done = window[2]
-            yield from analyzer.observe(run_id, tables)
-    yield from replay_liveness(con, (config or AnalyzerConfig()).liveness)
+            yield run_id, tables
 
 
 def replay_liveness(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from trainvitals.analyzer.live import LiveAnalysis
+
 from .settings import Settings
 from .store import Store
 from .watchdog import LiveWatchdog
@@ -20,3 +22,8 @@ def get_store(request: Request) -> Store:
 def get_watchdog(request: Request) -> LiveWatchdog | None:
     """The liveness watchdog; None in replay mode."""
     return getattr(request.app.state, "watchdog", None)
+
+
+def get_analysis(request: Request) -> LiveAnalysis | None:
+    """The live analysis behind the writer; None in replay mode."""
+    return getattr(request.app.state, "analysis", None)

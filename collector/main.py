@@ -6,7 +6,8 @@ uvicorn --factory trainvitals.collector.main:app_from_env
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 from trainvitals.analyzer import Analyzer
 
 from . import heartbeat, ingest, metrics, otlp, query
+from .analysis import follow
 from .ingest import bearer_matches
 from .limits import DecodeBudget, release_for
 from .settings import Settings
@@ -32,7 +34,11 @@ class FastJSONResponse(JSONResponse):
         return orjson.dumps(content)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, analysis_clock: Callable[[], float] = time.monotonic
+) -> FastAPI:
+    """analysis_clock: when a committed step is due for the live analysis (tests hold it
+    still, and `Store.flush` analyses what is committed)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -41,11 +47,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = Store(
             settings.store_path,
             read_only=settings.replay,
-            analyzer=Analyzer(config=config),
             queue_max_batches=settings.queue_max_batches,
             retention_days=settings.retention_days,
             memory_limit=settings.memory_limit,
         )
+        # The detectors follow the writer's commits (analysis.py); none in replay mode.
+        analyzer = Analyzer(config=config)
+        analysis = None if settings.replay else follow(store, analyzer, clock=analysis_clock)
+        app.state.analysis = analysis
         store.start()
         _warn_if_open(settings)
         app.state.settings = settings

@@ -13,7 +13,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .deps import get_settings, get_store, get_watchdog
+from trainvitals.analyzer.live import LiveAnalysis
+
+from .deps import get_analysis, get_settings, get_store, get_watchdog
 from .settings import Settings
 from .state import LiveState, RunState
 from .store import Store
@@ -63,12 +65,15 @@ class TrainvitalsCollector(Collector):
         store: Store,
         watchdog: LiveWatchdog | None = None,
         max_runs: int = 0,
+        analysis: LiveAnalysis | None = None,
     ) -> None:
-        """`max_runs`: series of this many runs at most, the latest first (0: every run)."""
+        """`max_runs`: series of this many runs at most, the latest first (0: every run).
+        `analysis`: the live analysis (None in replay mode: no lag, no errors)."""
         self.live = live
         self.store = store
         self.watchdog = watchdog
         self.max_runs = max_runs
+        self.analysis = analysis
 
     def collect(self):
         runs, stats = self.live.snapshot()
@@ -129,7 +134,7 @@ class TrainvitalsCollector(Collector):
         yield active
         yield dropped
         yield ended
-        yield from _self_metrics(stats, self.store.queue_depth, self.store.analysis)
+        yield from _self_metrics(stats, self.store.queue_depth, self.analysis)
         yield GaugeMetricFamily(
             "trainvitals_collector_store_writable",
             "1 while the store takes writes; 0 after a write failed for want of storage (a "
@@ -165,7 +170,7 @@ def _watchdog_metrics(watchdog: LiveWatchdog):
     )
 
 
-def _self_metrics(stats, queue_depth: int, analysis):
+def _self_metrics(stats, queue_depth: int, analysis: LiveAnalysis | None):
     requests = CounterMetricFamily(
         "trainvitals_collector_http_requests",
         "HTTP requests served, by status code.",
@@ -224,12 +229,12 @@ def _self_metrics(stats, queue_depth: int, analysis):
     yield GaugeMetricFamily(
         "trainvitals_collector_analysis_lag_seconds",
         "Age of the oldest committed step the analyzer has not seen yet (about 1 s normally).",
-        value=analysis.lag_s,
+        value=analysis.lag_s if analysis else 0.0,
     )
     yield CounterMetricFamily(
         "trainvitals_collector_analysis_errors",
         "Windows of steps the live analyzer failed on (see the collector's log).",
-        value=analysis.errors,
+        value=analysis.errors if analysis else 0,
     )
 
 
@@ -248,10 +253,14 @@ def _latest_runs(runs: dict[str, RunState], cap: int) -> tuple[dict[str, RunStat
 
 
 def build_registry(
-    live: LiveState, store: Store, watchdog: LiveWatchdog | None = None, max_runs: int = 0
+    live: LiveState,
+    store: Store,
+    watchdog: LiveWatchdog | None = None,
+    max_runs: int = 0,
+    analysis: LiveAnalysis | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TrainvitalsCollector(live, store, watchdog, max_runs))
+    registry.register(TrainvitalsCollector(live, store, watchdog, max_runs, analysis))
     return registry
 
 
@@ -260,8 +269,9 @@ def metrics(
     store: Annotated[Store, Depends(get_store)],
     settings: Annotated[Settings, Depends(get_settings)],
     watchdog: Annotated[LiveWatchdog | None, Depends(get_watchdog)],
+    analysis: Annotated[LiveAnalysis | None, Depends(get_analysis)],
 ) -> Response:
-    registry = build_registry(store.state, store, watchdog, settings.max_metrics_runs)
+    registry = build_registry(store.state, store, watchdog, settings.max_metrics_runs, analysis)
     return Response(
         generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8"
     )

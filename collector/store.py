@@ -8,10 +8,12 @@ so an acknowledged batch survives a kill -9 of the collector. If a group fails, 
 batches are retried one by one, so that one bad batch fails alone and every batch is
 still stored whole or not at all. `INSERT OR IGNORE` on each table's key makes a resent
 batch a no-op, also when the first copy is in the same group. Only the rows the store
-added go on to /metrics (state.py) and the analyzer, so neither sees a resend's values
-where the store kept the first copy's.
+added go on to /metrics (state.py) and to the commit listeners, so none sees a resend's
+values where the store kept the first copy's.
 
-The analyzer runs behind the writer, on the committed rows (analysis.py), not in the commit.
+Commit listeners (`listen`) hear of every commit, in commit order, on the writer thread:
+the collector's lifespan (main.py) makes the live analysis one (analyzer/live.py), which
+runs the detectors behind the writer, not in the commit.
 """
 
 from __future__ import annotations
@@ -24,16 +26,14 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from trainvitals.analyzer import Analyzer
 from trainvitals.schema import DTYPES, STORE_TABLES, Table, ddl
 
-from .analysis import LiveAnalysis
 from .memory import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
 from .state import LiveState
 
@@ -76,17 +76,36 @@ class Unwritable(Unavailable):
 _STOP = object()
 
 
+class CommitListener(Protocol):
+    """Hears of what the store commits, on the writer thread, in commit order."""
+
+    def committed(self, run_id: str, tables: dict[str, pa.Table]) -> None:
+        """The rows one commit added for `run_id` (a resend's rows the store ignored are
+        not among them). May block: the writer waits, and ingest with it."""
+        ...
+
+    def forget(self, run_ids: list[str]) -> None:
+        """Retention deleted these runs."""
+        ...
+
+    def drain(self, timeout_s: float) -> bool:
+        """Finish with everything committed so far; False on timeout (`Store.flush`)."""
+        ...
+
+    def close(self, timeout_s: float) -> None:
+        """The writer has stopped; the store's connection closes after this returns."""
+        ...
+
+
 class Store:
     def __init__(
         self,
         path: str,
         *,
         read_only: bool = False,
-        analyzer: Analyzer | None = None,
         state: LiveState | None = None,
         queue_max_batches: int = 1024,
         retention_days: float = 0,
-        analysis_delay_s: float = 1.0,
         memory_limit: str = DEFAULT_MEMORY_LIMIT,
     ) -> None:
         self.path = path
@@ -108,9 +127,7 @@ class Store:
         except duckdb.Error as e:  # a file cut short opens, then fails on its first read
             self._con.close()
             raise StoreError(damaged(path, e)) from e
-        self.analysis = LiveAnalysis(
-            self.cursor, analyzer or Analyzer(), self.state, analysis_delay_s
-        )
+        self._listeners: list[CommitListener] = []
         self.retention_days = retention_days
         self._queue: queue.Queue = queue.Queue(maxsize=queue_max_batches)
         self._writer: threading.Thread | None = None
@@ -133,10 +150,13 @@ class Store:
 
     # ------------------------------------------------------------------ writing
 
+    def listen(self, listener: CommitListener) -> None:
+        """Tell `listener` of every commit from now on (call before `start`)."""
+        self._listeners.append(listener)
+
     def start(self) -> None:
         if self.read_only:
             return
-        self.analysis.start()
         self._writer = threading.Thread(
             target=self._write_loop, name="trainvitals-writer", daemon=True
         )
@@ -242,7 +262,8 @@ class Store:
                 log.warning("run %s: rows not stored, their keys hold other values: %s",
                             run_id, changed)  # fmt: skip
             done.set_result(changed or None)  # None: every row stored as sent
-            self.analysis.committed(run_id, rows)  # waits if the analyzer is far behind
+            for listener in self._listeners:
+                listener.committed(run_id, rows)  # the live analysis waits if far behind
         if stored:
             self.state.count_write(seconds, batches=len(stored))
         for _ in group:
@@ -316,21 +337,26 @@ class Store:
                 cur.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [expired])
             cur.execute("COMMIT")
             self.state.forget(expired)
-            self.analysis.forget(expired)
+            for listener in self._listeners:
+                listener.forget(expired)
             log.info(
                 "retention: dropped %d runs older than %g days", len(expired), self.retention_days
             )
         return expired
 
     def flush(self, timeout_s: float = 10.0) -> None:
-        """Block until everything submitted so far is written and analysed (tests, shutdown)."""
+        """Block until everything submitted so far is written and every commit listener has
+        finished with it (analysed, for the live analysis): tests, shutdown."""
         deadline = time.monotonic() + timeout_s
         while self._queue.unfinished_tasks:
             if time.monotonic() > deadline:
                 raise StoreError("flush timed out")
             time.sleep(0.01)
-        if self._writer is not None and not self.analysis.drain(deadline - time.monotonic()):
-            raise StoreError("flush timed out waiting for the analyzer")
+        if self._writer is None:
+            return
+        for listener in self._listeners:
+            if not listener.drain(deadline - time.monotonic()):
+                raise StoreError(f"flush timed out waiting for {type(listener).__name__}")
 
     def close(self, timeout_s: float = 30.0) -> None:
         if self._writer is not None:
@@ -340,7 +366,8 @@ class Store:
                 log.error(
                     "writer did not finish within %.0f s; unwritten batches are lost", timeout_s
                 )
-            self.analysis.close(timeout_s)
+        for listener in self._listeners:
+            listener.close(timeout_s)
         self._con.close()
 
     # ------------------------------------------------------------------ reading

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
 
-from .analysis import _insert_alerts
+from .analysis import AlertLog
 from .store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class LiveWatchdog:
         tick_s: float = TICK_S,
     ) -> None:
         self.store = store
+        self._alerts = AlertLog(store)
         self.watchdog = Watchdog(settings or LivenessSettings())
         self.clock = clock
         self.lag_s = lag_s
@@ -119,14 +120,7 @@ class LiveWatchdog:
         with self._lock:
             self._tell_run_ends()
             alerts = self.watchdog.advance(self.clock() - self.lag_s)
-        if alerts:
-            cur = self.store.cursor()
-            try:
-                _insert_alerts(cur, alerts)
-            finally:
-                cur.close()
-            for run_id in {a.run_id for a in alerts}:
-                self.store.state.count_alerts(run_id, [a for a in alerts if a.run_id == run_id])
+        self._alerts(alerts)
         return alerts
 
     def _tell_run_ends(self) -> None:

@@ -136,8 +136,8 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
 
     import duckdb
 
-    from trainvitals.analyzer.replay import check_source
     from trainvitals.collector.store import Store, StoreError, damaged
+    from trainvitals.collector.stored import check_source
 
     comparable_alerts = check_source(Path(args.store))  # ValueError: one line, from main
     config = _analyzer_config(args)  # ValueError: one line, from main

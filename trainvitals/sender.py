@@ -9,7 +9,7 @@ send one batch per interval, not one per step), encoded with `schema.encode_msgp
 of its own. A batch the collector cannot take now (503, a network error) is resent after
 a back-off; one it refuses (4xx) is counted and named in the report, not resent. Batches
 may be committed out of order across connections: the collector's live analysis waits a
-moment and reads the store in step order (collector/analysis.py), so that costs nothing.
+moment and reads the store in step order (analyzer/live.py), so that costs nothing.
 """
 
 from __future__ import annotations

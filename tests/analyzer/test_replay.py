@@ -77,10 +77,13 @@ def _simulated_store(path: Path) -> Path:
 
 def _store_live(spec, path: Path) -> None:
     """Ingest the simulated run into a collector store at `path`, analysed live."""
+    from trainvitals.analyzer import Analyzer
+    from trainvitals.collector.analysis import follow
     from trainvitals.collector.store import Store
     from trainvitals.simulate import simulate
 
-    store = Store(str(path), analysis_delay_s=0.0)
+    store = Store(str(path))
+    follow(store, Analyzer(), delay_s=0.0)
     store.start()
     try:
         done = [store.submit(*to_arrow(doc)) for doc in simulate(spec)]

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import orjson
 
+from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.replay import comparable, replay_store, stored_alerts
+from trainvitals.collector.analysis import follow
 from trainvitals.collector.store import Store
 from trainvitals.schema import BatchBuilder, to_arrow
 
@@ -49,7 +51,8 @@ def _batch(run_id: str, steps: range, losses: list[float], events: list[tuple[in
 def test_live_and_replayed_divergence_name_the_same_checkpoint(tmp_path: Path) -> None:
     path, n, onset = str(tmp_path / "store.duckdb"), 1000, 600
     losses = _losses(n, onset)
-    store = Store(path, analysis_delay_s=0.0)
+    store = Store(path)
+    follow(store, Analyzer(), delay_s=0.0)
     store.start()
     for start in range(0, n, 100):
         # The checkpoint of step 580 and a fault's ground truth come with the steps of

@@ -3,11 +3,8 @@ that never sends them is named by the analyzer (the detector replay runs too).""
 
 from __future__ import annotations
 
-import duckdb
-
 from trainvitals.analyzer import Analyzer
-from trainvitals.collector.analysis import LiveAnalysis
-from trainvitals.collector.state import LiveState
+from trainvitals.analyzer.live import LiveAnalysis
 from trainvitals.schema import BatchBuilder, to_arrow
 
 
@@ -36,8 +33,7 @@ def _batch(run_id: str, step: int | None, ranks: range, world: int | None = None
 
 
 def _live(clock: _Clock) -> LiveAnalysis:
-    cur = duckdb.connect()
-    return LiveAnalysis(lambda: cur, Analyzer(), LiveState(), delay_s=1.0, clock=clock)
+    return LiveAnalysis(Analyzer(), lambda _alerts: None, delay_s=1.0, clock=clock)
 
 
 def _due(live: LiveAnalysis) -> dict[str, tuple[dict, dict]]:

@@ -39,6 +39,6 @@ def test_the_detectors_run_with_the_settings_of_file_env_and_flags(tmp_path, mon
     )
     with TestClient(create_app(settings)) as client:
         state = client.app.state
-        stall = state.store.analysis.analyzer.config.stall
+        stall = state.analysis.analyzer.config.stall
         assert (stall.min_gap_s, stall.min_intervals) == (30.0, 5.0)  # env over file
         assert state.watchdog.watchdog.settings.silence_s == 4.0

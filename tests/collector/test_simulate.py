@@ -7,9 +7,13 @@ import random
 import duckdb
 import pyarrow as pa
 import pytest
+from fastapi.testclient import TestClient
 
 from tests.conftest import CollectorProcess
+from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.replay import comparable, replay_store, stored_alerts
+from trainvitals.collector.analysis import follow
+from trainvitals.collector.main import create_app
 from trainvitals.collector.store import Store, StoreError
 from trainvitals.schema import encode_msgpack, to_arrow
 from trainvitals.sender import merge, send
@@ -65,15 +69,19 @@ def test_simulated_run_is_stored_whole_over_concurrent_connections(tmp_path, per
     assert {"sdc", "straggler"} <= {kind for _, _, kind, *_ in live}
 
 
-def test_batches_committed_out_of_order_are_analysed_in_step_order(client, settings) -> None:
+def test_batches_committed_out_of_order_are_analysed_in_step_order(settings) -> None:
     spec = FleetSpec(ranks=32, layers=4, step_time_s=1.0, steps=60, faults=("spike:step=45",))
     docs = list(simulate(spec))
     batches = [merge(docs[i : i + 5]) for i in range(1, len(docs), 5)]
     random.Random(3).shuffle(batches)  # what concurrent connections may do to them
-    for doc in [docs[0], *batches]:
-        assert client.post(URL, content=encode_msgpack(doc), headers=MSGPACK).status_code == 202
-    client.app.state.store.flush()
-    alerts = client.get(f"/api/v1/runs/{spec.run_id}/alerts").json()
+    # The analysis clock stands still: every batch lands within the live analysis's delay,
+    # however slowly the machine posts them (the flush then analyses what is committed).
+    with TestClient(create_app(settings, analysis_clock=lambda: 0.0)) as client:
+        for doc in [docs[0], *batches]:
+            r = client.post(URL, content=encode_msgpack(doc), headers=MSGPACK)
+            assert r.status_code == 202
+        client.app.state.store.flush()
+        alerts = client.get(f"/api/v1/runs/{spec.run_id}/alerts").json()
     assert [(a["kind"], a["step"]) for a in alerts] == [("loss_spike", 45)]
 
 
@@ -122,8 +130,10 @@ def test_a_resent_step_is_analysed_as_stored_first_copy_wins(tmp_path) -> None:
     docs = list(simulate(spec))
     calm = list(simulate(FleetSpec(ranks=16, layers=2, step_time_s=1.0, steps=60)))[46]
     path = str(tmp_path / "s.duckdb")
-    store = Store(path, analysis_delay_s=3600)  # nothing is analysed before the flush
-    store.analysis.max_rows = 100  # ... but the buffer is tiny: the writer waits for room
+    store = Store(path)
+    # Nothing is analysed before the flush (the clock stands still), but the buffer is
+    # tiny: the writer waits for room.
+    follow(store, Analyzer(), clock=lambda: 0.0, max_rows=100)
     store.start()
     try:
         # Every step twice, and step 45 a third time without its spike: the store keeps the

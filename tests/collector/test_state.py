@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainvitals.analyzer import Alert, Analyzer
-from trainvitals.collector.analysis import _insert_alerts
+from trainvitals.collector.analysis import follow, insert_alerts
 from trainvitals.collector.main import create_app
 from trainvitals.collector.metrics import TrainvitalsCollector
 from trainvitals.collector.state import LiveState
@@ -79,7 +79,8 @@ def test_ingested_rows_count_only_rows_written(client) -> None:
 
 def test_a_group_with_a_resend_passes_on_each_batchs_new_rows(tmp_path) -> None:
     """Batches queued together are one commit; the overlap goes to the first one only."""
-    store = Store(str(tmp_path / "s.duckdb"), analysis_delay_s=0)
+    store = Store(str(tmp_path / "s.duckdb"))
+    follow(store, Analyzer(), delay_s=0)
     try:
         for batch in (_steps("r1", range(3), loss=2.0), _steps("r1", range(2, 5), loss=7.0)):
             store.submit(*to_arrow(batch.to_dict()))
@@ -119,7 +120,8 @@ def _runs_row(tp: int) -> dict[str, list]:
 
 def test_analyzer_keeps_the_stored_runs_row_when_it_is_resent_changed(tmp_path) -> None:
     recorder = _Recorder()
-    store = Store(str(tmp_path / "s.duckdb"), analyzer=recorder, analysis_delay_s=0)
+    store = Store(str(tmp_path / "s.duckdb"))
+    follow(store, recorder, delay_s=0)
     store.start()
     try:
         for tp, steps in ((1, range(3)), (2, range(3, 6))):
@@ -147,13 +149,13 @@ def test_an_episode_is_active_from_its_alert_to_its_resolve_and_after_a_restart(
     store.start()
     try:
         cur = store.cursor()
-        _insert_alerts(cur, [raised, spike])
+        insert_alerts(cur, [raised, spike])
         restarted = LiveState()
         restarted.load(store.query)
         assert restarted.runs["r1"].active == {("straggler", 3): 2}
         resolve = raised.resolved_at(20, 1.7e9 + 20, "back to normal")
         live.count_alerts("r1", [resolve])
-        _insert_alerts(cur, [resolve])
+        insert_alerts(cur, [resolve])
         restarted = LiveState()
         restarted.load(store.query)
     finally:
