@@ -39,6 +39,7 @@ import os
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -305,15 +306,14 @@ class ComputeClock:
     # corrected by each measured sleep.
     CUDA_CYCLES_PER_S = 1.5e9
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, clock: Callable[[], float] | None = None) -> None:
+        """clock: seconds, for the CPU path (tests inject one); default the thread's CPU time."""
         self.cuda = device.type == "cuda"
         self.samples: deque[float] = deque(maxlen=self.WINDOW)  # seconds per step
         self.cycles_per_s = self.CUDA_CYCLES_PER_S
         self._start_s = 0.0
         self._busy_s = 0.0
-
-    def _now_s(self) -> float:
-        return time.perf_counter() if self.cuda else time.thread_time()
+        self._now_s = clock or (time.perf_counter if self.cuda else time.thread_time)
 
     def start(self) -> None:
         self._start_s, self._busy_s = self._now_s(), 0.0
@@ -335,11 +335,11 @@ class ComputeClock:
         # A plain spin on this thread's CPU clock: a matmul here let torch's intra-op
         # threads spin-wait on a loaded machine, so one iteration overshot by milliseconds
         # and the injected work came out 1.8x what was asked.
-        start = time.thread_time()
+        start = self._now_s()
         end = start + seconds
-        while time.thread_time() < end:
+        while self._now_s() < end:
             pass
-        self._busy_s += time.thread_time() - start
+        self._busy_s += self._now_s() - start
 
     def _sleep_device(self, seconds: float) -> float:
         """Sleep the device for about `seconds`; returns the seconds it slept. Only the sleep

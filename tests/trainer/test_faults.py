@@ -5,7 +5,6 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import run_trainer
-from trainvitals.trainer.faults import FaultInjector, corrupt, parse_fault
+from trainvitals.trainer.faults import ComputeClock, FaultInjector, corrupt, parse_fault
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,28 +200,43 @@ def test_a_straggler_computes_the_asked_fraction_longer(tmp_path: Path) -> None:
     assert float(last.split()[3].rstrip(",")) > 0, last
 
 
-def _burn(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
+class _CpuClock:
+    """A thread's CPU clock that moves only when told to, or by `TICK_S` per reading (so
+    that a spin on it ends): the test's work takes the time it says, however busy the
+    machine is."""
+
+    TICK_S = 1e-6
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        self.now_s += self.TICK_S
+        return self.now_s
+
+    def work(self, seconds: float) -> None:
+        self.now_s += seconds
 
 
 def test_a_straggler_scales_from_its_whole_normal_step_without_compounding() -> None:
     """The extra work is `slowdown` x the median of the rank's steps without injected work:
     the whole step (here all of it between start and end), and not fed by the injection."""
     inj = FaultInjector(["straggler:rank=0,step=3,slowdown=0.5"], rank=0, world_size=1)
+    cpu = _CpuClock()
+    inj.clock = ComputeClock(torch.device("cpu"), clock=cpu)
     injected = []
     for step in range(8):
         inj.clock.start()
-        _burn(0.004)  # forward and backward
-        before = time.thread_time()
+        cpu.work(0.004)  # forward and backward
+        before = cpu()
         inj.slow_down(step)
-        injected.append(time.thread_time() - before)
-        _burn(0.004)  # optimizer: part of the step too
+        injected.append(cpu() - before)
+        cpu.work(0.004)  # optimizer: part of the step too
         inj.clock.end()
-    assert all(0.0075 <= x <= 0.0095 for x in inj.clock.samples), list(inj.clock.samples)
-    assert max(injected[:3]) < 0.001, injected  # not before its step
-    assert all(0.0038 <= x <= 0.0050 for x in injected[3:]), injected  # 0.5 x 8 ms, every step
+    # Readings of the clock itself add microseconds (TICK_S each).
+    assert all(x == pytest.approx(0.008, abs=1e-4) for x in inj.clock.samples), inj.clock.samples
+    assert max(injected[:3]) < 1e-4, injected  # not before its step
+    assert all(x == pytest.approx(0.004, abs=1e-4) for x in injected[3:]), injected  # 0.5 x 8 ms
 
 
 def test_the_straggler_check_names_what_is_wrong_with_its_file(tmp_path: Path) -> None:
