@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from fastapi import APIRouter, Depends, HTTPException, Query
 
+from trainvitals.analyzer.goodput import goodput
 from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS, STEPS
 
 from .deps import get_store
@@ -97,13 +99,14 @@ def _step_window(
 
 @router.get("/runs")
 def list_runs(store: StoreDep) -> list[dict[str, Any]]:
-    """Every run in the store, newest first, with its metadata and progress."""
+    """Every run in the store that logged a step, newest first, with its metadata and
+    progress. A run that attached and closed without a step trained nothing: not listed."""
     rows = store.query(
         """
         WITH progress AS (
             SELECT run_id, max(step) AS last_step, max(time_unix_s) AS last_time_unix_s
             FROM steps GROUP BY run_id),
-        ids AS (SELECT run_id FROM progress UNION SELECT run_id FROM runs)
+        ids AS (SELECT run_id FROM progress)
         SELECT ids.run_id, r.model, r.world_size, r.dp, r.tp, r.device_type, r.device_name,
                r.started_unix_s, r.layer_names_json, r.peak_flops_per_s, r.peak_flops_source,
                r.flops_per_token, r.n_params, r.power_source, r.power_unavailable,
@@ -162,15 +165,17 @@ def _grid(
     end: int | None,
     max_steps: int,
     agg: Agg,
+    keys: list[int] | None = None,
 ) -> dict[str, Any]:
     start, end, bucket = _step_window(store, run_id, start, end, max_steps)
+    only = f"AND list_contains(?, {key})" if keys else ""
     result = store.query(
         f"""
         SELECT ? + (step - ?) // ? * ? AS step, {key}, {_AGG_SQL[agg]}({metric}) AS value
-        FROM {table} WHERE run_id = ? AND step BETWEEN ? AND ?
+        FROM {table} WHERE run_id = ? AND step BETWEEN ? AND ? {only}
         GROUP BY 1, 2 ORDER BY 1, 2
         """,
-        [start, start, bucket, bucket, run_id, start, end],
+        [start, start, bucket, bucket, run_id, start, end, *([keys] if keys else [])],
     )
     return {"bucket_steps": bucket, **_columns(result)}
 
@@ -184,13 +189,17 @@ def layer_series(
     end: End = None,
     max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
     agg: Agg = "max",
+    layer: Annotated[
+        list[int] | None, Query(ge=0, le=1_000_000, description="only these layers")
+    ] = None,
 ) -> dict[str, Any]:
-    """Step x layer grid of one per-layer metric, long format (step, layer, value)."""
+    """Step x layer grid of one per-layer metric, long format (step, layer, value);
+    `layer` (repeatable) keeps to those layers, as a drill-down into a few needs."""
     if metric not in _LAYER_METRICS:
         raise HTTPException(422, f"metric must be one of {list(_LAYER_METRICS)}, got {metric!r}")
     _require_run(store, run_id)
     names = store.query("SELECT layer_names_json FROM runs WHERE run_id = ?", [run_id]).to_pylist()
-    grid = _grid(store, "layers", "layer", metric, run_id, start, end, max_steps, agg)
+    grid = _grid(store, "layers", "layer", metric, run_id, start, end, max_steps, agg, layer)
     return {"layer_names": _layer_names(names[0]["layer_names_json"]) if names else None, **grid}
 
 
@@ -209,6 +218,172 @@ def rank_series(
         raise HTTPException(422, f"metric must be one of {list(_RANK_METRICS)}, got {metric!r}")
     _require_run(store, run_id)
     return _grid(store, "ranks", "rank", metric, run_id, start, end, max_steps, agg)
+
+
+# Per node, how its ranks' values make the node's: a node moves as many tokens and draws as
+# much power as its ranks together, is as slow as its slowest rank, and each rank reports
+# its node's network and interconnect rates (the same value on every rank of the node).
+_NODE_AGG = {
+    "tokens_per_s": "sum",
+    "power_w": "sum",
+    "energy_j": "sum",
+    "step_time_s": "max",
+    "compute_time_s": "max",
+    "data_time_s": "max",
+    "wait_time_s": "avg",
+    "temperature_c": "max",
+    "memory_used_bytes": "max",
+    **{
+        f"{net}_{way}_bytes_per_s": "avg" for net in ("net", "ib", "nvlink") for way in ("rx", "tx")
+    },
+}
+_NODE_METRICS = tuple(_NODE_AGG)
+
+
+def _hosts(store: Store, run_id: str) -> list[str] | None:
+    """Host name of each rank (index: rank), from the run's metadata; None if not sent."""
+    rows = store.query("SELECT hosts_json FROM runs WHERE run_id = ?", [run_id]).to_pylist()
+    text = rows[0]["hosts_json"] if rows else None
+    names = _layer_names(text)  # the same JSON-list check
+    return [str(h) for h in names] if names else None
+
+
+@router.get("/runs/{run_id}/nodes")
+def node_series(
+    run_id: str,
+    store: StoreDep,
+    metric: Annotated[str, Query(description=f"one of {_NODE_METRICS}")] = "step_time_s",
+    start: Start = 0,
+    end: End = None,
+    max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
+    agg: Agg = "max",
+) -> dict[str, Any]:
+    """Step x node grid of one per-rank metric, its ranks grouped by host (long format:
+    step, node, value; `hosts` names node i, `ranks_per_node` counts its ranks).
+
+    Within a step a node's value combines its ranks' (_NODE_AGG: a sum of throughput and
+    power, the max of times); over a bucket of steps `agg` combines the steps'. A run
+    that did not send its hosts has `hosts` null and no rows.
+    """
+    if metric not in _NODE_METRICS:
+        raise HTTPException(422, f"metric must be one of {list(_NODE_METRICS)}, got {metric!r}")
+    _require_run(store, run_id)
+    hosts = _hosts(store, run_id)
+    start, end, bucket = _step_window(store, run_id, start, end, max_steps)
+    if not hosts:
+        return {"bucket_steps": bucket, "hosts": None, "ranks_per_node": None,
+                "step": [], "node": [], "value": []}  # fmt: skip
+    names = sorted(set(hosts))
+    position = {h: i for i, h in enumerate(names)}
+    node_of = [position[h] for h in hosts]
+    result = store.query(
+        f"""
+        WITH node_of AS (SELECT unnest(?::BIGINT[]) AS node,
+                                generate_subscripts(?::BIGINT[], 1) - 1 AS rank),
+        per_step AS (
+            SELECT step, node, {_NODE_AGG[metric]}({metric}) AS v
+            FROM ranks JOIN node_of USING (rank)
+            WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY step, node)
+        SELECT ? + (step - ?) // ? * ? AS step, node, {_AGG_SQL[agg]}(v) AS value
+        FROM per_step GROUP BY 1, 2 ORDER BY 1, 2
+        """,
+        [node_of, node_of, run_id, start, end, start, start, bucket, bucket],
+    )
+    counts = [0] * len(names)
+    for n in node_of:
+        counts[n] += 1
+    return {"bucket_steps": bucket, "hosts": names, "ranks_per_node": counts,
+            **_columns(result)}  # fmt: skip
+
+
+@router.get("/runs/{run_id}/nodes/summary")
+def node_summary(run_id: str, store: StoreDep, start: Start = 0, end: End = None) -> dict[str, Any]:
+    """Per node (ranks grouped by host) over the window: each _NODE_AGG metric combined
+    over the node's ranks at each step (a sum of throughput and power, the max of times),
+    then averaged over the logged steps. Columns: node, host, ranks, then the metrics; no
+    rows if the run did not send its hosts."""
+    _require_run(store, run_id)
+    hosts = _hosts(store, run_id)
+    start, end, _ = _step_window(store, run_id, start, end, 1)
+    if not hosts:
+        return {"node": [], "host": [], "ranks": [], **{m: [] for m in _NODE_METRICS}}
+    names = sorted(set(hosts))
+    position = {h: i for i, h in enumerate(names)}
+    node_of = [position[h] for h in hosts]
+    per_step = ", ".join(f"{_NODE_AGG[m]}({m}) AS {m}" for m in _NODE_METRICS)
+    means = ", ".join(f"avg({m}) AS {m}" for m in _NODE_METRICS)
+    result = store.query(
+        f"""
+        WITH node_of AS (SELECT unnest(?::BIGINT[]) AS node,
+                                generate_subscripts(?::BIGINT[], 1) - 1 AS rank),
+        per_step AS (
+            SELECT step, node, {per_step} FROM ranks JOIN node_of USING (rank)
+            WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY step, node)
+        SELECT node, {means} FROM per_step GROUP BY node ORDER BY node
+        """,
+        [node_of, node_of, run_id, start, end],
+    )
+    columns = _columns(result)
+    counts = [0] * len(names)
+    for n in node_of:
+        counts[n] += 1
+    return {
+        "node": columns["node"],
+        "host": [names[n] for n in columns["node"]],
+        "ranks": [counts[n] for n in columns["node"]],
+        **{m: columns[m] for m in _NODE_METRICS},
+    }
+
+
+@router.get("/runs/{run_id}/hosts")
+def run_hosts(run_id: str, store: StoreDep) -> dict[str, Any]:
+    """Host name of each rank (`hosts[rank]`), null if the run did not send them."""
+    _require_run(store, run_id)
+    return {"hosts": _hosts(store, run_id)}
+
+
+# Goodput of a run, keyed on what it is computed from: (rows, last step, last time, events).
+# A warm collector answers a refresh of a long run without recomputing it (1,000,000 steps
+# take about a second).
+_goodput_cache: dict[str, tuple[tuple, dict[str, Any]]] = {}
+_goodput_lock = threading.Lock()
+
+
+@router.get("/runs/{run_id}/goodput")
+def run_goodput(run_id: str, store: StoreDep) -> dict[str, Any]:
+    """The run's goodput as the analyzer defines it (analyzer/goodput.py), the figure
+    `trainvitals replay` prints: wall time, productive time, ratio and what was lost."""
+    _require_run(store, run_id)
+    key = tuple(
+        store.query(
+            "SELECT (SELECT count(*) FROM steps WHERE run_id = ?), "
+            "(SELECT max(step) FROM steps WHERE run_id = ?), "
+            "(SELECT max(time_unix_s) FROM steps WHERE run_id = ?), "
+            "(SELECT count(*) FROM events WHERE run_id = ?)",
+            [run_id] * 4,
+        )
+        .to_pylist()[0]
+        .values()
+    )
+    with _goodput_lock:
+        cached = _goodput_cache.get(run_id)
+    if cached and cached[0] == key:
+        return cached[1]
+    steps = store.query(
+        "SELECT step, time_unix_s, step_time_s FROM steps WHERE run_id = ? ORDER BY time_unix_s",
+        [run_id],
+    )
+    events = store.query(
+        "SELECT step, kind, detail, time_unix_s FROM events WHERE run_id = ? "
+        "AND kind IN ('restart', 'checkpoint')",
+        [run_id],
+    )
+    columns = {name: steps.column(name).to_numpy() for name in steps.column_names}
+    doc = goodput(run_id, columns, events.to_pydict()).to_dict()
+    doc = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in doc.items()}
+    with _goodput_lock:
+        _goodput_cache[run_id] = (key, doc)
+    return doc
 
 
 @router.get("/runs/{run_id}/alerts")

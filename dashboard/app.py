@@ -6,8 +6,9 @@ or `trainvitals dashboard`. The collector URL comes from `--collector`, else the
 TRAINVITALS_COLLECTOR_URL environment variable, else http://127.0.0.1:8000.
 
 The sidebar holds the run and the step window, the top of the page the view (Overview,
-Layers, Ranks, Health). They render on full reruns only and are kept in session state
-(state.py), so every view shows the same run and window. Everything that shows data sits
+Layers, Ranks, Nodes, Health, Compare); the URL carries them too (state.py: deep links).
+They render on full reruns only and are kept in session state (state.py), so every view
+shows the same run and window. Everything that shows data sits
 in one fragment that reruns every REFRESH_S seconds, so a live run updates without
 reloading the page or touching those choices. A collector in replay mode serves a stored
 run that cannot change, so its page does not poll.
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 
 import streamlit as st
 
-from trainvitals.dashboard import health, layers, overview, ranks
+from trainvitals.dashboard import compare, health, layers, nodes, overview, ranks
 from trainvitals.dashboard.client import (
     DEFAULT_URL,
     CollectorClient,
@@ -39,6 +40,8 @@ from trainvitals.dashboard.state import (
     apply_pending_jump,
     pick_view,
     pick_window,
+    read_deep_link,
+    write_deep_link,
 )
 
 URL_ENV_VAR = "TRAINVITALS_COLLECTOR_URL"
@@ -87,11 +90,17 @@ def main() -> None:
     if problem or not runs:
         rerun_on_change(url, problem)
         return
-    apply_pending_jump()  # before the widgets it moves are drawn
+    # Both before the widgets they move are drawn.
+    for problem in read_deep_link({r.run_id: r.last_step for r in runs}):
+        st.warning(problem)
+    apply_pending_jump()
     run = pick_run(runs)
     window = pick_window(run.run_id, run.last_step or 0)
     view = pick_view()
-    listed = tuple(r.run_id for r in runs)
+    write_deep_link(run.run_id, view, window)
+    # What the sidebar was drawn with: a change (a new run, a live run's new step) redraws
+    # it, so that the step slider's range never lags the view.
+    listed = tuple((r.run_id, r.last_step) for r in runs)
     if replaying(url):
         st.sidebar.caption("Replay: a stored run, read-only; the page does not refresh.")
         replay_panel(url, view, run.run_id, window, listed)
@@ -167,19 +176,22 @@ def replaying(url: str) -> bool:
         return False
 
 
-def view_panel(url: str, view: str, run_id: str, window: Window, listed: tuple[str, ...]) -> None:
+def view_panel(
+    url: str, view: str, run_id: str, window: Window, listed: tuple[tuple[str, int | None], ...]
+) -> None:
     """The chosen view of the run, or an honest message saying why there is nothing to show."""
     client = get_client(url)
     try:
         runs = client.runs()
-        if tuple(r.run_id for r in runs) != listed:
-            st.rerun()  # a run started or vanished: rebuild the sidebar's list
+        if tuple((r.run_id, r.last_step) for r in runs) != listed:
+            # A run started, vanished or logged a step: rebuild the sidebar (list, slider).
+            st.rerun()
         run = next(r for r in runs if r.run_id == run_id)
         if run.last_step is None:
             st.info(f"Run {run_id} has not logged a step yet; this page updates when it does.")
             return
         st.caption(window_label(window, run.last_step))
-        show_view(view, client, run, window)
+        show_view(view, client, run, window, runs)
     except CollectorUnavailable:
         st.error(unreachable_message(url))
     except RunNotFound:
@@ -192,17 +204,24 @@ live_panel = st.fragment(run_every=REFRESH_S)(view_panel)
 replay_panel = st.fragment(view_panel)
 
 
-def show_view(view: str, client: CollectorClient, run: RunSummary, window: Window) -> None:
+def show_view(
+    view: str, client: CollectorClient, run: RunSummary, window: Window, runs: list[RunSummary]
+) -> None:
     """Load what the view needs (all of it bucketed on the server), then draw it."""
     match view:
         case "Layers":
-            layers.render(layers.load(client, run, window), run)
+            layers.render(layers.load(client, run, window), run, window)
+            layers.drill_down(client, run, window)
         case "Ranks":
             ranks.render(ranks.load(client, run, window), run)
+        case "Nodes":
+            nodes.render(nodes.load(client, run, window), run, window, client)
         case "Health":
             health.render(health.load(client, run, window), run, window)
+        case "Compare":
+            compare.render(client, run, runs)
         case _:
-            overview.render(overview.load(client, run, window), run)
+            overview.render(overview.load(client, run, window), run, window)
 
 
 def window_label(window: Window, last_step: int) -> str:

@@ -1,17 +1,23 @@
 """Altair charts of the dashboard, built from the query client's DataFrames.
 
 Pure functions of their input: no Streamlit, no network, so each chart can be built and
-checked in a test. Every value axis names its unit.
+checked in a test. Every value axis names its unit and labels its ticks with SI prefixes
+(d3-format's "s": 0.00019 -> "190u", 1.2e9 -> "1.2G"), so a value reads the same whatever
+its magnitude. Time-series charts take the view's step range (`steps`), so that the charts
+of one view share one step axis, and the run's alert and event markers (`marks`).
 """
 
 from __future__ import annotations
 
 import math
+from urllib.parse import urlencode
 
 import altair as alt
 import pandas as pd
 
 STEP_AXIS = alt.X("step:Q", title="step", axis=alt.Axis(format="d"))
+# Value axes and tooltips: three significant digits with an SI prefix, trailing zeros off.
+SI_FORMAT = ".3~s"
 CHART_HEIGHT_PX = 220
 # A heatmap row per layer or rank; beyond ~50 rows the cells get thin but stay readable.
 ROW_HEIGHT_PX = 14
@@ -20,6 +26,12 @@ MAX_HEATMAP_HEIGHT_PX = 800
 INVALID_CELL_COLOR = "#d62728"
 SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e"}
 EVENT_COLOR = "#1f77b4"
+# Marker colours: alerts by severity, run events (faults, restarts, checkpoints) in blue.
+MARKER_COLORS = {**SEVERITY_COLORS, "event": EVENT_COLOR}
+# Markers per chart: beyond this many in a window, the newest are drawn (a rule per pixel
+# column of a half-width chart would hide the line under it).
+MAX_MARKERS = 200
+MARKER_COLUMNS = ["step", "severity", "kind", "message", "href"]
 LINEAR_COLOR_QUANTILES = (0.01, 0.99)
 AXES_PX = 90
 TIMELINE_ROW_PX = 36
@@ -37,33 +49,158 @@ def heatmap_steps(n_rows: int) -> int:
     return max(1, min(MAX_HEATMAP_STEPS, MAX_HEATMAP_CELLS // max(1, n_rows)))
 
 
+def step_x(steps: tuple[int, int] | None = None) -> alt.X:
+    """The step axis; with `steps` (first, end) its range is fixed, so charts stacked in
+    one view line up whatever steps each of them holds."""
+    scale = alt.Scale(domain=list(steps), nice=False) if steps else alt.Undefined
+    return alt.X("step:Q", title="step", axis=alt.Axis(format="d"), scale=scale)
+
+
+def value_y(col: str, title: str) -> alt.Y:
+    """A value axis with SI-prefixed ticks, not forced to include zero."""
+    return alt.Y(
+        f"{col}:Q", title=title, scale=alt.Scale(zero=False), axis=alt.Axis(format=SI_FORMAT)
+    )
+
+
 def band_line(
-    frame: pd.DataFrame, mean_col: str, max_col: str, title: str, y_title: str
+    frame: pd.DataFrame,
+    mean_col: str,
+    max_col: str,
+    title: str,
+    y_title: str,
+    steps: tuple[int, int] | None = None,
+    marks: pd.DataFrame | None = None,
 ) -> alt.LayerChart:
     """The bucket mean as a line, with a band up to the bucket's max (e.g. loss spikes)."""
-    base = alt.Chart(frame[["step", mean_col, max_col]]).encode(x=STEP_AXIS)
-    band = base.mark_area(opacity=0.25).encode(
-        y=alt.Y(f"{mean_col}:Q", title=y_title, scale=alt.Scale(zero=False)),
-        y2=f"{max_col}:Q",
-    )
+    x = step_x(steps)
+    base = alt.Chart(frame[["step", mean_col, max_col]]).encode(x=x)
+    band = base.mark_area(opacity=0.25).encode(y=value_y(mean_col, y_title), y2=f"{max_col}:Q")
     line = base.mark_line().encode(
-        y=f"{mean_col}:Q", tooltip=["step:Q", f"{mean_col}:Q", f"{max_col}:Q"]
+        y=f"{mean_col}:Q",
+        tooltip=[
+            "step:Q",
+            alt.Tooltip(f"{mean_col}:Q", format=SI_FORMAT),
+            alt.Tooltip(f"{max_col}:Q", format=SI_FORMAT),
+        ],
     )
-    return (band + line).properties(title=title, height=CHART_HEIGHT_PX)
+    return with_markers(band + line, marks, x).properties(title=title, height=CHART_HEIGHT_PX)
 
 
-def line(frame: pd.DataFrame, col: str, title: str, y_title: str) -> alt.Chart:
+def line(
+    frame: pd.DataFrame,
+    col: str,
+    title: str,
+    y_title: str,
+    steps: tuple[int, int] | None = None,
+    marks: pd.DataFrame | None = None,
+) -> alt.Chart | alt.LayerChart:
     """One metric over steps."""
-    return (
+    x = step_x(steps)
+    chart = (
         alt.Chart(frame[["step", col]])
         .mark_line()
         .encode(
-            x=STEP_AXIS,
-            y=alt.Y(f"{col}:Q", title=y_title, scale=alt.Scale(zero=False)),
-            tooltip=["step:Q", f"{col}:Q"],
+            x=x,
+            y=value_y(col, y_title),
+            tooltip=["step:Q", alt.Tooltip(f"{col}:Q", title=y_title, format=SI_FORMAT)],
         )
-        .properties(title=title, height=CHART_HEIGHT_PX)
     )
+    return with_markers(chart, marks, x).properties(title=title, height=CHART_HEIGHT_PX)
+
+
+def multi_line(
+    frame: pd.DataFrame,
+    series: str,
+    title: str,
+    y_title: str,
+    x: alt.X | None = None,
+    marks: pd.DataFrame | None = None,
+) -> alt.Chart | alt.LayerChart:
+    """Several series of `value` over x (default: the step), one colour per `series`
+    (a run of a comparison, a layer of a drill-down)."""
+    x = x or step_x()
+    chart = (
+        alt.Chart(frame[[x.shorthand.split(":")[0], series, "value"]])
+        .mark_line()
+        .encode(
+            x=x,
+            y=value_y("value", y_title),
+            color=alt.Color(f"{series}:N", title=series, sort=None),
+            tooltip=[
+                x.shorthand,
+                f"{series}:N",
+                alt.Tooltip("value:Q", title=y_title, format=SI_FORMAT),
+            ],
+        )
+    )
+    return with_markers(chart, marks, x).properties(title=title, height=CHART_HEIGHT_PX)
+
+
+def health_link(run_id: str, step: int) -> str:
+    """The dashboard's deep link to the Health view at `step`, relative to the page."""
+    return "?" + urlencode({"run": run_id, "view": "Health", "step": int(step)})
+
+
+def markers(
+    run_id: str, alerts: pd.DataFrame, events: pd.DataFrame, steps: tuple[int, int]
+) -> pd.DataFrame:
+    """Alerts and run events between `steps` (first, end) as markers (MARKER_COLUMNS).
+
+    `alerts` has step, severity, kind, message (client.alerts); `events` has step, rank,
+    kind, detail (client.events). Events of one kind at one step (every rank's restart)
+    make one marker. At most MAX_MARKERS, the newest. Each carries the deep link that
+    opens the Health view at its step.
+    """
+    first, end = steps
+    alert_marks = alerts.loc[alerts["step"].between(first, end - 1), ["step", "severity", "kind"]]
+    alert_marks = alert_marks.assign(message=alerts["message"].fillna(""))
+    shown = events[events["step"].between(first, end - 1)]
+    event_marks = (
+        shown.groupby(["step", "kind"], as_index=False)
+        .agg(ranks=("rank", "nunique"), detail=("detail", "first"))
+        .assign(severity="event")
+    )
+    event_marks["message"] = [
+        f"{k} ({n} ranks)" if n > 1 else f"{k}: {d}" if isinstance(d, str) and d != "{}" else k
+        for k, n, d in zip(
+            event_marks["kind"], event_marks["ranks"], event_marks["detail"], strict=True
+        )
+    ]
+    marks = pd.concat(
+        [
+            alert_marks.astype({"step": "int64"}),
+            event_marks[["step", "severity", "kind", "message"]],
+        ],
+        ignore_index=True,
+    )
+    marks = marks.sort_values("step").tail(MAX_MARKERS).reset_index(drop=True)
+    marks["href"] = [health_link(run_id, s) for s in marks["step"]]
+    return marks[MARKER_COLUMNS]
+
+
+def with_markers(
+    chart: alt.Chart | alt.LayerChart, marks: pd.DataFrame | None, x: alt.X
+) -> alt.Chart | alt.LayerChart:
+    """`chart` with a vertical rule per marker, coloured by severity (MARKER_COLORS).
+
+    Hovering a rule (or the triangle on top of it) shows the alert's message; clicking it
+    follows its deep link: the Health view at that step.
+    """
+    if marks is None or marks.empty:
+        return chart
+    color = alt.Color(
+        "severity:N",
+        scale=alt.Scale(domain=list(MARKER_COLORS), range=list(MARKER_COLORS.values())),
+        legend=None,
+    )
+    tooltip = ["step:Q", "severity:N", "kind:N", "message:N"]
+    base = alt.Chart(marks).encode(x=x, color=color, tooltip=tooltip, href="href:N")
+    rules = base.mark_rule(strokeWidth=2, opacity=0.7)
+    tips = base.mark_point(shape="triangle-down", filled=True, size=80, opacity=1).encode(
+        y=alt.value(4)
+    )
+    return alt.layer(chart, rules, tips)
 
 
 def layer_heatmap(
@@ -84,6 +221,7 @@ def layer_heatmap(
     """
     order = list(frame.sort_values("layer")["layer_name"].unique())
     y = alt.Y("layer_name:N", title="layer", sort=order)
+    frame = frame.assign(step_end=step_ends(frame["step"], bucket_steps))
     if "nonfinite" in frame:
         frame = frame[frame["value"].notna() | frame["nonfinite"]]
     cells = _cells(frame, "layer_name").astype({"layer_name": "category"})
@@ -101,27 +239,53 @@ def rank_heatmap(
     """Step x rank heatmap (linear colour scale): a straggler is a bright row."""
     n_ranks = frame["rank"].nunique()
     y = alt.Y("rank:O", title="rank", axis=_rank_axis(n_ranks))
+    frame = frame.assign(step_end=step_ends(frame["step"], bucket_steps))
     cells = _cells(frame, "rank").astype({"rank": "int32"})
     return _heatmap(
         cells, bucket_steps, y, value_title, log_scale=False, steps=steps, n_rows=n_ranks
     )
 
 
+def node_heatmap(
+    frame: pd.DataFrame,
+    bucket_steps: int,
+    value_title: str,
+    steps: tuple[int, int] | None = None,
+) -> alt.Chart | alt.LayerChart:
+    """Step x node heatmap (linear colour scale), a row per host: a slow node is a bright
+    row. `frame` has step, node, host, value (client.nodes)."""
+    n_nodes = frame["node"].nunique()
+    y = alt.Y("host:N", title="node", axis=alt.Axis(labelOverlap=True), sort=None)
+    frame = frame.assign(step_end=step_ends(frame["step"], bucket_steps))
+    cells = frame[["step", "step_end", "host", "value"]].astype(
+        {"step": "int32", "step_end": "int32", "value": "float32", "host": "category"}
+    )
+    return _heatmap(
+        cells, bucket_steps, y, value_title, log_scale=False, steps=steps, n_rows=n_nodes
+    )
+
+
 def status_heatmap(
-    frame: pd.DataFrame, bucket_steps: int, colors: dict[str, str], title: str
+    frame: pd.DataFrame,
+    bucket_steps: int,
+    colors: dict[str, str],
+    title: str,
+    steps: tuple[int, int] | None = None,
 ) -> alt.Chart:
     """Step x rank heatmap of a categorical `status` column, one colour per status."""
     n_ranks = frame["rank"].nunique()
-    cells = frame[["step", "rank", "status"]].astype(
-        {"step": "int32", "rank": "int32", "status": "category"}
+    cells = frame[["step", "rank", "status"]].assign(
+        step_end=step_ends(frame["step"], bucket_steps)
+    )
+    cells = cells.astype(
+        {"step": "int32", "step_end": "int32", "rank": "int32", "status": "category"}
     )
     scale = alt.Scale(domain=list(colors), range=list(colors.values()))
     return (
         alt.Chart(cells)
-        .transform_calculate(step_end=f"datum.step + {bucket_steps}")
         .mark_rect()
         .encode(
-            x=alt.X("step:Q", title="step", axis=alt.Axis(format="d")),
+            x=step_x(steps),
             x2="step_end:Q",
             y=alt.Y("rank:O", title="rank", axis=_rank_axis(n_ranks)),
             color=alt.Color("status:N", title=title, scale=scale),
@@ -184,8 +348,8 @@ def rank_mean_bar(
         .mark_bar()
         .encode(
             x=alt.X("rank:O", title="rank", axis=_rank_axis(len(means), labelAngle=0)),
-            y=alt.Y("value:Q", title=value_title),
-            tooltip=["rank:O", alt.Tooltip("value:Q", title=value_title, format=".4g")],
+            y=alt.Y("value:Q", title=value_title, axis=alt.Axis(format=SI_FORMAT)),
+            tooltip=["rank:O", alt.Tooltip("value:Q", title=value_title, format=SI_FORMAT)],
         )
     )
     median = alt.Chart(pd.DataFrame({"median": [means["value"].median()]})).mark_rule(
@@ -195,13 +359,30 @@ def rank_mean_bar(
     return (bars + rule).properties(title=title, height=CHART_HEIGHT_PX)
 
 
+def step_ends(step: pd.Series, bucket_steps: int) -> pd.Series:
+    """Where each cell of a heatmap ends: at the next step (bucket) that holds any row.
+
+    Hooks log every `log_every` steps (10 by default): a cell one bucket wide would leave
+    blank columns between logged steps, a barcode. A cell instead spans up to the next
+    logged bucket, which is what it stands for. The last one spans the median gap between
+    the others (`bucket_steps` when alone).
+    """
+    starts = pd.Series(sorted(step.unique()), dtype="int64")
+    nexts = starts.shift(-1)
+    gap = starts.diff().median() if len(starts) > 1 else bucket_steps
+    nexts.iloc[-1:] = starts.iloc[-1:] + max(bucket_steps, int(gap))
+    return step.map(pd.Series(nexts.to_numpy(), index=starts)).astype("int64")
+
+
 def _cells(frame: pd.DataFrame, row: str) -> pd.DataFrame:
     """The columns a heatmap draws, in the narrowest types that hold them.
 
     What a chart holds travels to the browser on every refresh: a 30,000-cell grid takes
-    about 0.5 MB this way, three times that as float64 with a column of end steps.
+    about 0.6 MB this way, three times that as float64.
     """
-    return frame[["step", row, "value"]].astype({"step": "int32", "value": "float32"})
+    return frame[["step", "step_end", row, "value"]].astype(
+        {"step": "int32", "step_end": "int32", "value": "float32"}
+    )
 
 
 def _heatmap(
@@ -224,27 +405,24 @@ def _heatmap(
         # take the whole colour range and leave a straggler's row as dark as the rest.
         low, high = cells.loc[valid, "value"].quantile(LINEAR_COLOR_QUANTILES)
         scale = alt.Scale(scheme="inferno", domain=[low, high], clamp=True)
-    x_scale = alt.Scale(domain=steps) if steps else alt.Undefined
-    x = alt.X("step:Q", title="step", axis=alt.Axis(format="d"), scale=x_scale)
+    x = step_x(steps)
     tooltip = ["step:Q", y.shorthand, alt.Tooltip("value:Q", title=value_title, format=".4g")]
-    # Each cell spans its bucket of steps: x from the bucket's step to the next bucket's.
-    step_end = {"step_end": f"datum.step + {bucket_steps}"}
+    # Each cell spans its bucket of steps, up to the next logged one (step_ends).
     chart = (
         alt.Chart(cells[valid])
-        .transform_calculate(**step_end)
         .mark_rect()
         .encode(
             x=x,
             x2="step_end:Q",
             y=y,
             color=alt.Color(
-                "value:Q", title=value_title, scale=scale, legend=alt.Legend(format=".3g")
+                "value:Q", title=value_title, scale=scale, legend=alt.Legend(format=SI_FORMAT)
             ),
             tooltip=tooltip,
         )
     )
     if not valid.all():
-        invalid = alt.Chart(cells[~valid]).transform_calculate(**step_end)
+        invalid = alt.Chart(cells[~valid])
         chart += invalid.mark_rect(color=INVALID_CELL_COLOR).encode(
             x=x, x2="step_end:Q", y=y, tooltip=tooltip
         )

@@ -13,6 +13,7 @@ honest message: `CollectorUnavailable` (nothing answers at the URL), `RunNotFoun
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -148,14 +149,18 @@ class CollectorClient:
         end: int | None = None,
         max_steps: int = 300,
         agg: str = "max",
+        only: list[int] | None = None,
     ) -> Series:
-        """Per-layer `metric` in long format: columns step, layer (index), layer_name, value.
+        """Per-layer `metric` in long format: columns step, layer (index), layer_name, value;
+        `only`: these layer indices, not all.
 
         A non-finite value (NaN, inf) and a value never measured (null in the store) both
         arrive as null, since JSON has no NaN, and become NaN: derive.nonfinite_cells tells
         them apart.
         """
         params = _window(start, end) | {"metric": metric, "max_steps": max_steps, "agg": agg}
+        if only:
+            params["layer"] = list(only)
         doc = self._get(f"{API}/runs/{run_id}/layers", params)
         frame = _long_frame(doc, "layer")
         names = doc.get("layer_names") or []
@@ -176,6 +181,46 @@ class CollectorClient:
         params = _window(start, end) | {"metric": metric, "max_steps": max_steps, "agg": agg}
         doc = self._get(f"{API}/runs/{run_id}/ranks", params)
         return Series(bucket_steps=doc["bucket_steps"], frame=_long_frame(doc, "rank"))
+
+    def nodes(
+        self,
+        run_id: str,
+        metric: str = "step_time_s",
+        start: int | None = None,
+        end: int | None = None,
+        max_steps: int = 300,
+        agg: str = "max",
+    ) -> tuple[Series, list[str], list[int]]:
+        """Per-node `metric` (ranks grouped by host) in long format: columns step, node,
+        host, value; with the host names and each node's rank count (empty if the run did
+        not send its hosts)."""
+        params = _window(start, end) | {"metric": metric, "max_steps": max_steps, "agg": agg}
+        doc = self._get(f"{API}/runs/{run_id}/nodes", params)
+        frame = _long_frame(doc, "node")
+        hosts = doc.get("hosts") or []
+        frame["host"] = [hosts[i] for i in frame["node"]]
+        return Series(doc["bucket_steps"], frame), hosts, doc.get("ranks_per_node") or []
+
+    def node_summary(
+        self, run_id: str, start: int | None = None, end: int | None = None
+    ) -> pd.DataFrame:
+        """One row per node (ranks grouped by host) over the window: node, host, ranks and
+        the node's mean throughput, step, compute and wait time, power and network rates
+        (collector/query.py: _NODE_AGG). Empty if the run did not send its hosts."""
+        doc = self._get(f"{API}/runs/{run_id}/nodes/summary", _window(start, end))
+        frame = pd.DataFrame(doc)
+        values = [c for c in frame.columns if c not in ("node", "host", "ranks")]
+        return frame.astype({c: "float64" for c in values})
+
+    def hosts(self, run_id: str) -> list[str] | None:
+        """Host name of each rank (index: rank); None if the run did not send them."""
+        return self._get(f"{API}/runs/{run_id}/hosts")["hosts"]
+
+    def goodput(self, run_id: str) -> dict[str, Any]:
+        """The run's goodput as the analyzer (and `trainvitals replay`) computes it: ratio,
+        wall_s, productive_s and the time lost to restarts, checkpoints and stalls."""
+        doc = self._get(f"{API}/runs/{run_id}/goodput")
+        return {k: math.nan if v is None else v for k, v in doc.items()}
 
     def alerts(self, run_id: str) -> pd.DataFrame:
         """The run's alerts, one row each, with the columns of `ALERT_COLUMNS`."""

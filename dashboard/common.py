@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from trainvitals.dashboard.client import CollectorClient, RunSummary
-from trainvitals.dashboard.state import jump_for, request_jump
+from trainvitals.dashboard.state import Window, jump_for, request_jump
 
 ALERT_TABLE_COLUMNS = [
     "time",
@@ -114,3 +114,25 @@ def alert_table(alerts: pd.DataFrame, run: RunSummary, key: str) -> None:
         layer=None if pd.isna(layer) else int(layer),
     )
     request_jump(jump, clear_key=key)
+
+
+SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""),
+               (1e-3, "m"), (1e-6, "\u00b5"), (1e-9, "n"), (1e-12, "p"))  # fmt: skip
+
+
+def si(value: float | None, unit: str, digits: int = 4) -> str:
+    """A value with the SI prefix that keeps it between 1 and 1000: (1.902e8, "FLOP/s") ->
+    "190.2 MFLOP/s", (0.5, "W") -> "500 mW"; null reads "n/a", zero "0 {unit}"."""
+    if value is None or math.isnan(value):
+        return "n/a"
+    if value == 0 or math.isinf(value):
+        return f"{value:g} {unit}"
+    scale, prefix = next(((s, p) for s, p in SI_PREFIXES if abs(value) >= s), SI_PREFIXES[-1])
+    return f"{value / scale:.{digits}g} {prefix}{unit}"
+
+
+def view_steps(window: Window, run: RunSummary) -> tuple[int, int]:
+    """The step axis of a view: (first step, end) of the window, the end one past its last
+    step, so that every chart of the view spans the same steps."""
+    last = window.end if window.end is not None else run.last_step or 0
+    return window.start, last + 1

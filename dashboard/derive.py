@@ -91,39 +91,35 @@ def energy_so_far(steps: pd.DataFrame, latest_energy_j: float) -> EnergySoFar:
 
 @dataclass(frozen=True)
 class Progress:
-    """Where the run stands. NaN where the run did not send what a figure needs."""
+    """Where the run stands. NaN where the run did not send what a figure needs.
+
+    Goodput is not here: the dashboard shows the analyzer's (analyzer/goodput.py, served
+    by the collector), the figure `trainvitals replay` prints, so a run has one goodput.
+    """
 
     tokens_done: float  # estimated: (last step + 1) x mean tokens per logged step
     wall_s: float  # from the run's start to its latest logged step
-    goodput_ratio: float
     eta_s: float  # to the token target; 0 once reached
 
 
-def progress(
-    run: RunSummary, first_step: int, median_step_time_s: float, mean_tokens: float
-) -> Progress:
-    """Tokens so far, goodput and time to the token target, from whole-run figures.
+def progress(run: RunSummary, first_step: int, mean_tokens: float) -> Progress:
+    """Tokens so far and time to the token target, from whole-run figures.
 
-    Goodput (an estimate) is the share of wall time the run would have needed had every
-    step taken the median step time: steps since the first logged one x median step time
-    / wall time since the run started. It counts as lost what keeps steps from their usual
-    pace: start-up, restarts (steps done again count once), checkpoints, stalls and slow
-    steps. It is capped at 1. The time to the token target assumes the run keeps its pace
-    so far, lost time included: tokens done in this wall time / wall time. Tokens per
-    logged step stand for the steps between logged steps.
+    The time to the token target assumes the run keeps its pace so far, lost time
+    included: tokens done in this wall time / wall time. Tokens per logged step stand for
+    the steps between logged steps.
     """
     tokens_done = (run.last_step + 1) * mean_tokens
     start = run.started_unix_s
     wall_s = run.last_time_unix_s - start if start and run.last_time_unix_s else math.nan
     if not wall_s > 0:
-        return Progress(tokens_done, math.nan, math.nan, math.nan)
+        return Progress(tokens_done, math.nan, math.nan)
     steps_seen = run.last_step - first_step + 1
-    goodput = min(1.0, steps_seen * median_step_time_s / wall_s)
     eta_s = math.nan
     if run.token_target:
         tokens_per_wall_s = steps_seen * mean_tokens / wall_s
         eta_s = max(0.0, run.token_target - tokens_done) / tokens_per_wall_s
-    return Progress(tokens_done, wall_s, goodput, eta_s)
+    return Progress(tokens_done, wall_s, eta_s)
 
 
 def rank_costs(
@@ -274,3 +270,13 @@ def first_alert_after(faults: pd.DataFrame, alerts: pd.DataFrame) -> pd.DataFram
         faults.sort_values("step"), found.sort_values("step"), on="step", direction="forward"
     )
     return matched.assign(delay_steps=matched["alert_step"] - matched["step"])
+
+
+def smoothed(values: pd.Series, weight: float) -> pd.Series:
+    """Exponential moving average as TensorBoard's smoothing slider computes it:
+    s_t = weight x s_{t-1} + (1 - weight) x v_t, debiased at the start (pandas'
+    `adjust=True`), so the first points are not pulled toward zero. `weight` 0 returns the
+    values; nulls are skipped, not spread."""
+    if weight <= 0:
+        return values
+    return values.ewm(alpha=1 - weight, adjust=True, ignore_na=True).mean().where(values.notna())

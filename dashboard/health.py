@@ -40,7 +40,7 @@ def render(data: HealthData, run: RunSummary, window: Window) -> None:
     else:
         st.caption("Every alert of the run, newest first; select one to jump to it.")
         alert_table(data.alerts, run, key="alerts:health")
-    fingerprint_agreement(data.fingerprints)
+    fingerprint_agreement(data.fingerprints, (steps[0], steps[1] + 1))
     injected_faults(data.events, data.alerts)
 
 
@@ -54,7 +54,7 @@ def timeline(alerts: pd.DataFrame, events: pd.DataFrame, steps: tuple[int, int])
     st.altair_chart(charts.alert_timeline(shown_alerts, shown_events, (first, last + 1)))
 
 
-def fingerprint_agreement(grid: Series) -> None:
+def fingerprint_agreement(grid: Series, steps: tuple[int, int]) -> None:
     st.subheader("SDC fingerprints")
     if not grid.frame["value"].notna().any():
         st.info(
@@ -73,7 +73,9 @@ def fingerprint_agreement(grid: Series) -> None:
     else:
         st.error(disagreement_message(bad, grid.bucket_steps))
     st.altair_chart(
-        charts.status_heatmap(status, grid.bucket_steps, FINGERPRINT_COLORS, "fingerprint")
+        charts.status_heatmap(
+            status, grid.bucket_steps, FINGERPRINT_COLORS, "fingerprint", steps=steps
+        )
     )
 
 

@@ -1,4 +1,5 @@
-"""Layers: step x layer heatmaps, to trace a spike to the layer where it started."""
+"""Layers: step x layer heatmaps, to trace a spike to the layer where it started, and a
+drill-down that follows a few chosen layers' statistics as lines."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ import streamlit as st
 
 from trainvitals.dashboard import charts, derive
 from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
+from trainvitals.dashboard.common import view_steps
 from trainvitals.dashboard.state import Window
 from trainvitals.schema import LAYERS
+
+DRILL_KEY = "drill_layers"
+# Points per drill-down line: the collector keeps each bucket's max, so a spike survives.
+DRILL_POINTS = 500
+# Layers one drill-down follows: more lines than this are a heatmap's job.
+MAX_DRILL_LAYERS = 8
 
 
 @dataclass(frozen=True)
@@ -55,22 +63,58 @@ def has_cells(grid: Series) -> bool:
     return bool((frame["value"].notna() | frame["nonfinite"]).any())
 
 
-def render(grids: dict[str, Series], run: RunSummary) -> None:
+def render(grids: dict[str, Series], run: RunSummary, window: Window) -> None:
     shown = [grids[m.field] for m in METRICS if has_cells(grids[m.field])]
     if not shown:
         st.info("No per-layer statistics for this run in this window.")
         return
     # One x range for every heatmap, so that a column means the same steps in each.
-    steps = (
-        min(int(s.frame["step"].min()) for s in shown),
-        max(int(s.frame["step"].max()) + s.bucket_steps for s in shown),
-    )
+    steps = view_steps(window, run)
     st.caption(
         f"Max over each bucket of {shown[0].bucket_steps} step(s), log colour scale; "
-        "red: non-finite or zero; blank: not measured."
+        "red: non-finite or zero; blank: not measured. A cell reaches to the next logged step."
     )
     for metric in METRICS:
         heatmap(metric, grids[metric.field], steps)
+
+
+def drill_down(client: CollectorClient, run: RunSummary, window: Window) -> None:
+    """The chosen layers' statistics as lines, one chart per statistic on the view's axis."""
+    st.subheader("Follow layers")
+    names = list(run.layer_names)
+    if not names:
+        st.info("The run did not name its layers, so none can be picked to follow.")
+        return
+    chosen = st.multiselect(
+        "Layers to follow",
+        range(len(names)),
+        format_func=lambda i: names[i],
+        key=DRILL_KEY,
+        max_selections=MAX_DRILL_LAYERS,
+        placeholder="Pick layers: their gradient norm, activation RMS and update RMS as lines",
+    )
+    if not chosen:
+        st.caption("Pick up to 8 layers above to see their statistics as lines.")
+        return
+    steps = view_steps(window, run)
+    columns = st.columns(len(METRICS))
+    for column, metric in zip(columns, METRICS, strict=True):
+        grid = client.layers(
+            run.run_id, metric.field, window.start, window.end, DRILL_POINTS, "max", chosen
+        )
+        frame = grid.frame.assign(layer=grid.frame["layer_name"])
+        if not frame["value"].notna().any():
+            column.info(f"This run did not report the {metric.name} of these layers here.")
+            continue
+        column.altair_chart(
+            charts.multi_line(
+                frame,
+                "layer",
+                f"{metric.name[0].upper()}{metric.name[1:]}",
+                f"{metric.name} (max per {grid.bucket_steps} step(s))",
+                x=charts.step_x(steps),
+            )
+        )
 
 
 def heatmap(metric: LayerMetric, grid: Series, steps: tuple[int, int]) -> None:

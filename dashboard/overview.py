@@ -9,7 +9,14 @@ import streamlit as st
 
 from trainvitals.dashboard import charts, derive
 from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
-from trainvitals.dashboard.common import alert_table, duration_label, fmt, no_power_message
+from trainvitals.dashboard.common import (
+    alert_table,
+    duration_label,
+    fmt,
+    no_power_message,
+    si,
+    view_steps,
+)
 from trainvitals.dashboard.state import Window
 
 # Points per line chart: about one per pixel of a half-width chart; the collector
@@ -17,9 +24,10 @@ from trainvitals.dashboard.state import Window
 MAX_LINE_POINTS = 1000
 LATEST_ALERTS = 10
 GOODPUT_HELP = (
-    "Steps x median step time / wall time since the run started: start-up, restarts, "
-    "checkpoints, stalls and steps slower than usual count as lost."
+    "Productive time / wall time, as `trainvitals replay` computes it (analyzer/goodput.py): "
+    "restarts, steps re-done after them, checkpoints and stalls count as lost."
 )
+TFLOPS = 1e12  # the steps table's tflops_per_s_per_device is in TFLOP/s
 
 
 @dataclass(frozen=True)
@@ -28,10 +36,12 @@ class OverviewData:
     whole_run: Series  # the whole run, bucketed: for goodput, energy and the token target
     latest: pd.Series  # the run's last logged step, raw
     alerts: pd.DataFrame
+    events: pd.DataFrame
+    goodput: dict  # the analyzer's (client.goodput)
 
 
 def load(client: CollectorClient, run: RunSummary, window: Window) -> OverviewData:
-    """What the view shows, in at most four requests whatever the run's length."""
+    """What the view shows, in at most seven requests whatever the run's length."""
     run_id = run.run_id
     series = client.steps(run_id, window.start, window.end, max_points=MAX_LINE_POINTS)
     whole_run = series
@@ -39,19 +49,23 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> OverviewDa
         whole_run = client.steps(run_id, max_points=MAX_LINE_POINTS)
     # start=last_step selects exactly the last logged step.
     latest = client.steps(run_id, start=run.last_step).frame.iloc[-1]
-    return OverviewData(series, whole_run, latest, client.alerts(run_id))
+    return OverviewData(
+        series,
+        whole_run,
+        latest,
+        client.alerts(run_id),
+        client.events(run_id),
+        client.goodput(run_id),
+    )
 
 
-def render(data: OverviewData, run: RunSummary) -> None:
+def render(data: OverviewData, run: RunSummary, window: Window) -> None:
     whole_run = data.whole_run.frame
     progress = derive.progress(
-        run,
-        first_step=int(whole_run["step"].iloc[0]),
-        median_step_time_s=whole_run["step_time_s"].median(),
-        mean_tokens=whole_run["tokens"].mean(),
+        run, first_step=int(whole_run["step"].iloc[0]), mean_tokens=whole_run["tokens"].mean()
     )
     energy = derive.energy_so_far(whole_run, data.latest.energy_j)
-    headline(data.latest, progress, energy, run)
+    headline(data.latest, progress, energy, data.goodput, run)
     dropped = data.latest.get("telemetry_dropped", 0)
     if dropped > 0:  # NaN (not reported) compares false
         st.warning(
@@ -67,26 +81,41 @@ def render(data: OverviewData, run: RunSummary) -> None:
             f"Each point is the mean of {data.series.bucket_steps} steps; "
             "the bands reach each bucket's max."
         )
-    training_charts(frame)
-    efficiency_charts(frame, energy_before(data.whole_run, frame), run)
+    steps = view_steps(window, run)
+    marks = charts.markers(run.run_id, data.alerts, data.events, steps)
+    if not marks.empty:
+        st.caption(
+            "Lines across the charts: alerts (red critical, orange warning) and run events "
+            "(blue); hover one for its message, click it for the Health view at its step."
+        )
+    training_charts(frame, steps, marks)
+    efficiency_charts(frame, energy_before(data.whole_run, frame), run, steps, marks)
     latest_alerts(data.alerts, run)
 
 
 def headline(
-    latest: pd.Series, progress: derive.Progress, energy: derive.EnergySoFar, run: RunSummary
+    latest: pd.Series,
+    progress: derive.Progress,
+    energy: derive.EnergySoFar,
+    goodput: dict,
+    run: RunSummary,
 ) -> None:
     """The latest step's numbers (raw, not bucket means), then the run's totals."""
     mfu_help = None if run.peak_flops_per_s else "The run reported no peak FLOP/s for its device."
     top = st.columns(5)
     top[0].metric("last step", f"{int(latest.step):,}")
     top[1].metric("loss (nats/token)", fmt(latest.loss, ".4f", missing="non-finite"))
-    top[2].metric("tokens/s", fmt(latest.tokens_per_s, ",.0f"))
+    top[2].metric("throughput", si(latest.tokens_per_s, "tokens/s"))
     top[3].metric("MFU", fmt(100 * latest.mfu_ratio, ".1f", unit=" %"), help=mfu_help)
-    top[4].metric("TFLOP/s per device", fmt(latest.tflops_per_s_per_device, ".4g"))
+    top[4].metric("FLOP rate per device", si(latest.tflops_per_s_per_device * TFLOPS, "FLOP/s"))
     power_help = None if latest.power_w > 0 else no_power_message(run)
     bottom = st.columns(5)
-    bottom[0].metric("power (W)", fmt(latest.power_w, ",.0f"), help=power_help)
-    bottom[1].metric("energy so far (kWh)", fmt(energy.used_j / derive.J_PER_KWH, ".4g"))
+    bottom[0].metric("power", si(latest.power_w, "W"), help=power_help)
+    bottom[1].metric(
+        "energy so far",
+        si(energy.used_j, "J"),
+        help=f"{fmt(energy.used_j / derive.J_PER_KWH, ',.4g')} kWh",
+    )
     bottom[2].metric(
         "tokens per joule",
         fmt(energy.tokens_per_j, ".4g"),
@@ -94,8 +123,8 @@ def headline(
         "used between them.",
     )
     bottom[3].metric(
-        "goodput (estimate)",
-        fmt(100 * progress.goodput_ratio, ".1f", unit=" %"),
+        "goodput",
+        fmt(100 * goodput.get("ratio", float("nan")), ".1f", unit=" %"),
         help=GOODPUT_HELP,
     )
     bottom[4].metric(
@@ -113,19 +142,27 @@ def eta_label(progress: derive.Progress, run: RunSummary) -> str:
     return duration_label(progress.eta_s)
 
 
-def training_charts(frame: pd.DataFrame) -> None:
+def training_charts(frame: pd.DataFrame, steps: tuple[int, int], marks: pd.DataFrame) -> None:
     """Loss, gradient norm, learning rate and throughput, two per row."""
+    on_axis = {"steps": steps, "marks": marks}
     left, right = st.columns(2)
     # F.cross_entropy in the reference trainer: natural log, mean over tokens.
-    left.altair_chart(charts.band_line(frame, "loss", "loss_max", "Loss", "loss (nats/token)"))
+    left.altair_chart(
+        charts.band_line(frame, "loss", "loss_max", "Loss", "loss (nats/token)", **on_axis)
+    )
     right.altair_chart(
         charts.band_line(
-            frame, "grad_norm", "grad_norm_max", "Gradient norm, before clipping", "L2 norm"
+            frame,
+            "grad_norm",
+            "grad_norm_max",
+            "Gradient norm, before clipping",
+            "L2 norm",
+            **on_axis,
         )
     )
-    left.altair_chart(charts.line(frame, "tokens_per_s", "Throughput", "tokens/s"))
+    left.altair_chart(charts.line(frame, "tokens_per_s", "Throughput", "tokens/s", **on_axis))
     if frame["lr"].notna().any():
-        right.altair_chart(charts.line(frame, "lr", "Learning rate", "learning rate"))
+        right.altair_chart(charts.line(frame, "lr", "Learning rate", "learning rate", **on_axis))
     else:
         right.info("The run reported no learning rate.")
 
@@ -141,32 +178,48 @@ def energy_before(whole_run: Series, window: pd.DataFrame) -> pd.Series:
     return frame.loc[frame["step"] + whole_run.bucket_steps <= window["step"].iloc[0], "energy_j"]
 
 
-def efficiency_charts(frame: pd.DataFrame, earlier_energy_j: pd.Series, run: RunSummary) -> None:
+def efficiency_charts(
+    frame: pd.DataFrame,
+    earlier_energy_j: pd.Series,
+    run: RunSummary,
+    steps: tuple[int, int],
+    marks: pd.DataFrame,
+) -> None:
     """MFU and achieved FLOP/s per device; power, energy and tokens per joule.
 
     `earlier_energy_j`: energy readings before the window, for the restarts before it.
     """
+    on_axis = {"steps": steps, "marks": marks}
     left, right = st.columns(2)
     if frame["mfu_ratio"].notna().any():
         mfu = frame.assign(mfu_pct=100 * frame["mfu_ratio"])
-        left.altair_chart(charts.line(mfu, "mfu_pct", "Model FLOPs utilization", "MFU (%)"))
+        left.altair_chart(
+            charts.line(mfu, "mfu_pct", "Model FLOPs utilization", "MFU (%)", **on_axis)
+        )
     else:
         left.info("MFU unknown: the run reported no peak FLOP/s for its device.")
-    right.altair_chart(
-        charts.line(frame, "tflops_per_s_per_device", "Achieved FLOP rate per device", "TFLOP/s")
-    )
+    if frame["tflops_per_s_per_device"].notna().any():
+        rate = frame.assign(flop_per_s=frame["tflops_per_s_per_device"] * TFLOPS)
+        right.altair_chart(
+            charts.line(rate, "flop_per_s", "Achieved FLOP rate per device", "FLOP/s", **on_axis)
+        )
+    else:
+        right.info("FLOP rate unknown: the run reported no FLOPs per token or step.")
     if not frame["power_w"].notna().any():
         st.info(no_power_message(run))
         return
     energy = frame.assign(
-        energy_kwh=derive.continued_energy_j(frame["energy_j"], earlier_energy_j)
-        / derive.J_PER_KWH,
+        energy_so_far_j=derive.continued_energy_j(frame["energy_j"], earlier_energy_j),
         tokens_per_j=derive.tokens_per_joule(frame["tokens_per_s"], frame["power_w"]),
     )
     left, middle, right = st.columns(3)
-    left.altair_chart(charts.line(energy, "power_w", "Power, all devices", "power (W)"))
-    middle.altair_chart(charts.line(energy, "energy_kwh", "Energy so far", "energy (kWh)"))
-    right.altair_chart(charts.line(energy, "tokens_per_j", "Energy efficiency", "tokens/J"))
+    left.altair_chart(charts.line(energy, "power_w", "Power, all devices", "power (W)", **on_axis))
+    middle.altair_chart(
+        charts.line(energy, "energy_so_far_j", "Energy so far", "energy (J)", **on_axis)
+    )
+    right.altair_chart(
+        charts.line(energy, "tokens_per_j", "Energy efficiency", "tokens/J", **on_axis)
+    )
 
 
 def latest_alerts(alerts: pd.DataFrame, run: RunSummary) -> None:

@@ -26,7 +26,6 @@ COLLECTIVES = {
     "reduce_scatter": "reduce-scatter",
     "all_reduce": "all-reduce",
 }
-BYTES_PER_MB = 1e6
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,10 @@ class RanksData:
     wait: Series  # wait_time_s, bucket max
     device: dict[str, Series]  # DEVICE_METRICS fields, one bucket: the window's mean
     # COLLECTIVES prefix -> its bytes and time per step, one bucket: the window's mean.
-    # Only collectives the run reported.
+    # Only collectives the run reported and that moved bytes.
     collectives: dict[str, tuple[Series, Series]]
+    # Collectives the run reported at zero bytes on every rank (DDP's all-gather).
+    idle_collectives: tuple[str, ...] = ()
 
 
 def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
@@ -57,24 +58,28 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
         busy_means=grid(time_field, "mean", max_steps),
         wait=grid("wait_time_s", "max", max_steps),
         device={field: grid(field, "mean", max_steps=1) for field, _, _ in DEVICE_METRICS},
-        collectives=load_collectives(grid),
+        **load_collectives(grid),
     )
 
 
-def load_collectives(
-    grid: Callable[[str, str, int], Series],
-) -> dict[str, tuple[Series, Series]]:
-    """Window means per rank of each reported collective's bytes and time per step.
+def load_collectives(grid: Callable[[str, str, int], Series]) -> dict:
+    """Window means per rank of each reported collective's bytes and time per step, and
+    the collectives reported at zero bytes everywhere (`collectives`, `idle_collectives`).
 
-    The time is asked for only where the bytes came back: a run without collective
-    fields costs three small requests, not six.
+    The time is asked for only where bytes came back: a run without collective fields
+    costs three small requests, not six.
     """
-    out = {}
+    out, idle = {}, []
     for prefix in COLLECTIVES:
         nbytes = grid(f"{prefix}_bytes", "mean", 1)
-        if nbytes.frame["value"].notna().any():
-            out[prefix] = (nbytes, grid(f"{prefix}_time_s", "mean", 1))
-    return out
+        values = nbytes.frame["value"]
+        if not values.notna().any():
+            continue
+        if values.fillna(0).eq(0).all():
+            idle.append(prefix)
+            continue
+        out[prefix] = (nbytes, grid(f"{prefix}_time_s", "mean", 1))
+    return {"collectives": out, "idle_collectives": tuple(idle)}
 
 
 def render(data: RanksData, run: RunSummary) -> None:
@@ -110,7 +115,7 @@ def render(data: RanksData, run: RunSummary) -> None:
             st.info("This run did not report the time each rank waits at synchronisation.")
     slowest_ranks(data.busy_means, time_name)
     device_charts(data.device, run)
-    collective_charts(data.collectives)
+    collective_charts(data.collectives, data.idle_collectives)
 
 
 def slowest_ranks(means: Series, time_name: str) -> None:
@@ -149,28 +154,48 @@ def device_charts(device: dict[str, Series], run: RunSummary) -> None:
             column.info(f"This run did not report the {what} of its devices.")
 
 
-def collective_charts(collectives: dict[str, tuple[Series, Series]]) -> None:
-    """Per collective, each rank's algorithm bandwidth; its bytes per step where untimed."""
+def collective_charts(
+    collectives: dict[str, tuple[Series, Series]], idle: tuple[str, ...] = ()
+) -> None:
+    """Per collective, each rank's algorithm bandwidth (B/s) when the backend timed every
+    collective shown, else each one's bytes per step: one unit across the charts."""
     st.subheader("Collective traffic per rank")
-    if not collectives:
-        st.info(
-            "This run did not report its collectives (all-gather, reduce-scatter, "
-            "all-reduce): no traffic or bandwidth to show."
+    idle_names = " and ".join(COLLECTIVES[p] for p in idle)
+    if idle:
+        st.caption(
+            f"No {idle_names} traffic: this run's ranks reported zero bytes for it "
+            "(data parallelism alone, DDP, only all-reduces)."
         )
+    if not collectives:
+        if not idle:
+            st.info(
+                "This run did not report its collectives (all-gather, reduce-scatter, "
+                "all-reduce): no traffic or bandwidth to show."
+            )
         return
-    st.caption(
-        "Algorithm bandwidth (as nccl-tests counts it): bytes of the collectives' buffers / "
-        "time they took, over the window's logged steps. Where the backend does not time "
-        "a collective: its bytes per step."
-    )
+    rates = {
+        prefix: derive.collective_bandwidth(nbytes.frame, time_s.frame)
+        for prefix, (nbytes, time_s) in collectives.items()
+    }
+    timed = all(rate["value"].notna().any() for rate in rates.values())
+    if timed:
+        st.caption(
+            "Algorithm bandwidth (as nccl-tests counts it): bytes of the collectives' "
+            "buffers / time they took, over the window's logged steps."
+        )
+    else:
+        untimed = [COLLECTIVES[p] for p, r in rates.items() if not r["value"].notna().any()]
+        st.caption(
+            f"Bytes per step: the backend did not time the {' and '.join(untimed)}, so no "
+            "bandwidth can be given, and every chart keeps one unit."
+        )
     columns = st.columns(len(collectives))
-    for column, (prefix, (nbytes, time_s)) in zip(columns, collectives.items(), strict=True):
-        name = COLLECTIVES[prefix]
-        rate = derive.collective_bandwidth(nbytes.frame, time_s.frame)
-        if rate["value"].notna().any():
-            title = f"{name[0].upper()}{name[1:]} bandwidth per rank"
-            column.altair_chart(charts.rank_mean_bar(rate, "bandwidth (GB/s)", title=title))
+    for column, (prefix, (nbytes, _)) in zip(columns, collectives.items(), strict=True):
+        name = COLLECTIVES[prefix].capitalize()
+        if timed:
+            rate = rates[prefix].assign(value=rates[prefix]["value"] * derive.BYTES_PER_GB)
+            title = f"{name} bandwidth per rank"
+            column.altair_chart(charts.rank_mean_bar(rate, "bandwidth (B/s)", title=title))
         else:
-            mb = nbytes.frame.assign(value=nbytes.frame["value"] / BYTES_PER_MB)
-            title = f"{name[0].upper()}{name[1:]} traffic per rank"
-            column.altair_chart(charts.rank_mean_bar(mb, "MB per step", title=title))
+            title = f"{name} traffic per rank"
+            column.altair_chart(charts.rank_mean_bar(nbytes.frame, "bytes per step", title=title))

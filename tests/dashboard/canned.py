@@ -40,4 +40,8 @@ def canned_run(
         "/api/v1/runs/r1/ranks": (200, {"rank": [], **empty_grid}),
         "/api/v1/runs/r1/alerts": (200, alerts or []),
         "/api/v1/runs/r1/events": (200, []),
+        "/api/v1/runs/r1/goodput": (200, {"run_id": "r1", "ratio": 0.5, "wall_s": 10.0}),
+        "/api/v1/runs/r1/hosts": (200, {"hosts": None}),
+        "/api/v1/runs/r1/nodes": (200, {"hosts": None, "node": [], **empty_grid}),
+        "/api/v1/runs/r1/nodes/summary": (200, {"node": [], "host": [], "ranks": []}),
     }

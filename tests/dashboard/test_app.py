@@ -80,7 +80,9 @@ def test_overview_of_a_real_run(monkeypatch, collector_with_run) -> None:
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["last step"] == f"{run['last_step']:,}"
     assert metrics["MFU"].endswith(" %")
-    assert metrics["goodput (estimate)"].endswith(" %")
+    # One goodput: the analyzer's, which `trainvitals replay` prints too.
+    goodput = api(collector_with_run, f"/runs/{run['run_id']}/goodput")
+    assert metrics["goodput"] == f"{100 * goodput['ratio']:.1f} %"
     expected = {"Loss", "Gradient norm, before clipping", "Throughput", "Learning rate"}
     expected |= {"Model FLOPs utilization", "Achieved FLOP rate per device"}
     assert expected <= titles(at)
@@ -224,18 +226,20 @@ def test_every_view_of_a_run_missing_data_says_what_is_missing(
     assert not at.exception
     assert "MFU unknown" in texts(at.info)
     assert f"No power source on this host. Tried: {tried}" in texts(at.info)
-    assert dict((m.label, m.value) for m in at.metric)["power (W)"] == "n/a"
+    assert dict((m.label, m.value) for m in at.metric)["power"] == "n/a"
+    assert "No alerts for this run" in texts(at.success)
     expected = {
         "Layers": ["No per-layer statistics"],
         "Ranks": ["No per-rank statistics"],
+        "Nodes": ["did not send its ranks' host names"],
         "Health": ["No SDC fingerprints", "No injected faults"],
+        "Compare": ["Only one run in this collector"],
     }
     for view, messages in expected.items():
         at = at.segmented_control[0].set_value(view).run()
         assert not at.exception
         assert all(m in texts(at.info) for m in messages), view
         assert not at.get("vega_lite_chart"), view  # a message, never an empty chart
-    assert "No alerts for this run" in texts(at.success)
 
 
 def alert(step: int, layer: int | None = None) -> dict:
@@ -413,13 +417,13 @@ def test_energy_and_tokens_per_joule_after_a_resume_that_restarted_the_counter(
     at = run_app(monkeypatch, canned_collector.url)
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["energy so far (kWh)"] == f"{20_000 / 3.6e6:.4g}"
+    assert metrics["energy so far"] == "20 kJ"
     assert metrics["tokens per joule"] == "0.2"
     [(_, energy)] = chart_data(at, "Energy so far")
     [curve] = energy.values()
-    kwh = [row["energy_kwh"] for row in curve]
-    assert kwh == sorted(kwh)  # no drop to zero at the restart
-    assert kwh[-1] == pytest.approx(20_000 / 3.6e6)
+    joules = [row["energy_so_far_j"] for row in curve]
+    assert joules == sorted(joules)  # no drop to zero at the restart
+    assert joules[-1] == pytest.approx(20_000)
 
 
 def rank_answers(values: dict[str, list[float | None]], n_ranks: int = 2):
@@ -451,12 +455,34 @@ def test_ranks_view_shows_collective_bandwidth_and_traffic(monkeypatch, canned_c
     at = run_app(monkeypatch, canned_collector.url, view="Ranks")
     assert not at.exception
     assert "did not report its collectives" not in texts(at.info)
-    [(_, bandwidth)] = chart_data(at, "All-gather bandwidth per rank")
+    # The all-reduce is untimed: every collective chart shows bytes per step, one unit.
+    assert {"All-gather traffic per rank", "All-reduce traffic per rank"} <= titles(at)
+    assert not any("bandwidth" in t for t in titles(at))
+    assert "did not time the all-reduce" in texts(at.caption)
+    [(_, traffic)] = chart_data(at, "All-gather traffic per rank")
+    [bars] = [rows for rows in traffic.values() if "rank" in rows[0]]
+    assert [b["value"] for b in bars] == [4e9, 4e9]
+
+
+def test_ranks_view_shows_bandwidth_when_every_collective_is_timed_and_hides_idle_ones(
+    monkeypatch, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=3)
+    canned_collector.routes["/api/v1/runs/r1/ranks"] = rank_answers(
+        {
+            "compute_time_s": [1.0, 1.5],
+            "all_gather_bytes": [0.0, 0.0],  # DDP: reported, never used
+            "all_reduce_bytes": [4e9, 4e9],
+            "all_reduce_time_s": [2.0, 1.0],
+        }
+    )
+    at = run_app(monkeypatch, canned_collector.url, view="Ranks")
+    assert not at.exception
+    [(_, bandwidth)] = chart_data(at, "All-reduce bandwidth per rank")
     [bars] = [rows for rows in bandwidth.values() if "rank" in rows[0]]
-    assert [b["value"] for b in bars] == [2.0, 4.0]  # GB/s: 4 GB in 2 s and in 1 s
-    charts_by_title = titles(at)
-    assert "All-reduce traffic per rank" in charts_by_title
-    assert "Reduce-scatter bandwidth per rank" not in charts_by_title
+    assert [b["value"] for b in bars] == [2e9, 4e9]  # B/s: 4 GB in 2 s and in 1 s
+    assert not any("All-gather" in t for t in titles(at))  # no empty chart for it
+    assert "No all-gather traffic" in texts(at.caption)
 
 
 # ------------------------------------------------------------------ helpers

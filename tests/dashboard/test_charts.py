@@ -52,7 +52,7 @@ def test_heatmaps_carry_only_the_columns_they_draw_in_narrow_types() -> None:
     # What a chart holds goes to the browser on every refresh.
     frame = pd.DataFrame({"step": [0, 1], "rank": [0, 0], "value": [1.0, 2.0], "extra": [0, 0]})
     data = charts.rank_heatmap(frame, 1, "s").data
-    assert list(data.columns) == ["step", "rank", "value"]
+    assert list(data.columns) == ["step", "step_end", "rank", "value"]
     assert {str(t) for t in data.dtypes} == {"int32", "float32"}
 
 
