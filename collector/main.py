@@ -20,8 +20,8 @@ from trainvitals.analyzer import Analyzer
 
 from . import heartbeat, ingest, metrics, otlp, query
 from .analysis import follow
-from .ingest import bearer_matches
-from .limits import DecodeBudget, release_for
+from .limits import DecodeBudget
+from .middleware import CollectorMiddleware
 from .settings import Settings
 from .store import Store
 from .watchdog import LiveWatchdog
@@ -80,35 +80,8 @@ def create_app(
         default_response_class=FastJSONResponse,
     )
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next) -> Response:
-        try:
-            response = await call_next(request)
-        except Exception:
-            # An unhandled error leaves here as an exception; the server answers 500 to it
-            # (Starlette's ServerErrorMiddleware, outside this one), so count it as that.
-            _count(request, 500)
-            raise
-        finally:
-            release_for(request)  # the body's share of the decode budget (limits.py)
-        _count(request, response.status_code)
-        return response
-
-    @app.middleware("http")
-    async def require_reader(request: Request, call_next) -> Response:
-        # Reads need the read token (or the ingest token where no read token is set):
-        # the query API holds every run's data, and /docs and /openapi.json map it.
-        # Writes check the ingest token in their routers; probes stay open.
-        path = request.url.path
-        if path in _OPEN_PATHS or path in _WRITE_PATHS:
-            return await call_next(request)
-        if not bearer_matches(request.headers.get("authorization"), settings.reader_token):
-            return FastJSONResponse(
-                {"detail": "missing or wrong bearer token (reads need the read token)"},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        return await call_next(request)
+    # Pure ASGI (collector/middleware.py): the read token, request counting, the budget.
+    app.add_middleware(CollectorMiddleware, reader_token=settings.reader_token, state=app.state)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -118,13 +91,13 @@ def create_app(
 
     @app.get("/healthz", tags=["health"])
     @app.head("/healthz", tags=["health"])  # load balancers and uptime checks probe with HEAD
-    def healthz(request: Request) -> dict[str, Any]:
+    async def healthz(request: Request) -> dict[str, Any]:
         store: Store = request.app.state.store
         return {"status": "ok", "replay": store.read_only, "queue_depth_batches": store.queue_depth}
 
     @app.get("/readyz", tags=["health"])
     @app.head("/readyz", tags=["health"])
-    def readyz(request: Request) -> Response:
+    async def readyz(request: Request) -> Response:
         """200 while the store takes writes (or serves a stored run); 503 naming why not (a
         full disk: the collector retries by itself, and is ready again once it can write)."""
         store: Store = request.app.state.store
@@ -140,21 +113,6 @@ def create_app(
     app.include_router(metrics.router)
     app.include_router(otlp.router)  # POST /v1/metrics, see docs/otlp.md
     return app
-
-
-_OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes: no data in them
-# Their routers check the ingest token (ingest.check_token).
-_WRITE_PATHS = frozenset({"/api/v1/ingest", heartbeat.PATH, "/v1/metrics"})
-
-
-def _count(request: Request, status: int) -> None:
-    """Count a request by status in /metrics; a 4xx to ingest is a rejected batch too."""
-    store = getattr(request.app.state, "store", None)
-    if store is None:
-        return
-    store.state.count_request(status)
-    if request.url.path in ("/api/v1/ingest", heartbeat.PATH) and 400 <= status < 500:
-        store.state.count_rejected()
 
 
 def open_to_the_network(settings: Settings) -> str | None:

@@ -48,3 +48,13 @@ def test_healthz_answers_head(client) -> None:
     r = client.head("/healthz")
     assert r.status_code == 200 and r.content == b""
     assert client.get("/healthz").json()["status"] == "ok"
+
+
+def test_the_middleware_is_pure_asgi(settings) -> None:
+    # BaseHTTPMiddleware (`@app.middleware("http")`) runs each request's app in a task of
+    # its own and streams the answer back through a memory channel: a per-request cost.
+    from starlette.middleware.base import BaseHTTPMiddleware
+
+    app = create_app(settings)
+    assert app.user_middleware, "the collector's middleware is missing"
+    assert not [m for m in app.user_middleware if issubclass(m.cls, BaseHTTPMiddleware)]
