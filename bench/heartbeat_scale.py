@@ -16,6 +16,13 @@ CPU seconds per `--interval-s`, and the fraction of one core that is. The sender
 this process on the same machine; its CPU is not counted.
 
     python bench/heartbeat_scale.py | tee bench/results/heartbeat_scale.txt
+
+`--baseline REV` instead compares this tree's collector with the collector of git revision
+REV, side by side: both run at once, and rounds of one-rank heartbeats (the shape where
+the cost per request is all there is) alternate between them, in turn first. The figure is
+the ratio of their CPU per request, which the machine's load moves far less than either.
+
+    python bench/heartbeat_scale.py --baseline e472487~1 | tee bench/results/middleware.txt
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pathlib import Path
 import httpx
 import orjson
 from ingest import Collector
+from revision import checkout, revision_argv
 
 from trainvitals.schema import SCHEMA_VERSION
 
@@ -104,6 +112,40 @@ def shape(collector: Collector, label: str, ranks: int, per_request: int, args) 
     return per_interval_s
 
 
+def side_by_side(args) -> None:
+    """CPU per one-rank heartbeat request: this tree's collector against REV's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = checkout(args.baseline, Path(tmp) / "baseline")
+        collectors = {
+            "this tree": Collector(Path(tmp) / "new.duckdb"),
+            args.baseline: Collector(Path(tmp) / "old.duckdb", launcher=revision_argv(root)),
+        }
+        ranks = range(min(args.sample, args.ranks))
+        cpu_s = dict.fromkeys(collectors, 0.0)
+        requests = 0
+        try:
+            for c in collectors.values():  # a rank's first heartbeat costs more (above)
+                post_all(c.url, bodies("hb", ranks, 1, time.time()), args.connections)
+            for i in range(args.rounds):
+                batch = bodies("hb", ranks, 1, time.time())
+                order = list(collectors.items())
+                for label, c in order if i % 2 == 0 else order[::-1]:
+                    cpu0 = c.cpu_s()
+                    post_all(c.url, batch, args.connections)
+                    cpu_s[label] += c.cpu_s() - cpu0
+                requests += len(batch)
+        finally:
+            for c in collectors.values():
+                c.stop()
+    ms = {label: s * 1e3 / requests for label, s in cpu_s.items()}
+    new, old = ms.values()
+    print(
+        f"collector CPU per one-rank heartbeat request, {requests:,} requests each in "
+        f"{args.rounds} alternating rounds: {new:.3f} ms (this tree) against {old:.3f} ms "
+        f"({args.baseline}); ratio {new / old:.3f} (load average {os.getloadavg()[0]:.1f})"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=100_000)
@@ -113,8 +155,13 @@ def main() -> None:
     p.add_argument("--sample", type=int, default=2000, help="ranks sent one request each")
     p.add_argument("--node-sample", type=int, default=20_000, help="ranks sent per node")
     p.add_argument("--connections", type=int, default=4)
+    p.add_argument("--baseline", metavar="REV", help="compare with git revision REV (above)")
+    p.add_argument("--rounds", type=int, default=10, help="rounds per collector (--baseline)")
     args = p.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    if args.baseline:
+        side_by_side(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         collector = Collector(Path(tmp) / "hb.duckdb")
         try:

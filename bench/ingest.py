@@ -48,10 +48,12 @@ TABLES = ("steps", "layers", "ranks", "events")
 class Collector:
     """`trainvitals collector` on a free port, in a subprocess."""
 
-    def __init__(self, store: Path, *extra: str) -> None:
+    def __init__(self, store: Path, *extra: str, launcher: list[str] | None = None) -> None:
+        """launcher: argv that runs `trainvitals` (bench/revision.py: another revision's)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "trainvitals", "collector", "--store", str(store)]
+        launcher = launcher or [sys.executable, "-m", "trainvitals"]
+        argv = [*launcher, "collector", "--store", str(store)]
         self.proc = subprocess.Popen([*argv, "--port", str(self.port), *extra])
         wait_healthy(f"{self.url}/healthz", self.proc, timeout_s=600)
 
