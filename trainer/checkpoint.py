@@ -42,6 +42,21 @@ def _name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def path_of(root: Path, step: int) -> Path:
+    """The folder of the checkpoint that holds the state after `step`."""
+    return root / _name(step)
+
+
+def finish(root: Path, step: int, meta: dict) -> None:
+    """Rank 0, once every rank's shards of `step` are written: its trainer.json, then
+    `latest` (atomically): from here on the checkpoint is complete."""
+    path = path_of(root, step)
+    (path / "trainer.json").write_text(json.dumps(meta))
+    tmp = root / "latest.tmp"
+    tmp.write_text(_name(step))
+    os.replace(tmp, root / "latest")  # atomic: a reader sees the old or the new name
+
+
 def save(
     root: Path,
     step: int,
@@ -62,13 +77,47 @@ def save(
         meta = {"step": step, "run_id": run_id, "scheduler": scheduler.state_dict()}
         if config is not None:
             meta["config"] = config
-        (path / "trainer.json").write_text(json.dumps(meta))
-        tmp = root / "latest.tmp"
-        tmp.write_text(_name(step))
-        os.replace(tmp, root / "latest")  # atomic: a reader sees the old or the new name
+        finish(root, step, meta)
     if dist.is_initialized():
         dist.barrier()  # nobody trains on while rank 0 may still be writing `latest`
     return time.perf_counter() - start
+
+
+def complete(root: Path) -> dict[int, Path]:
+    """{step: folder} of the complete checkpoints under `root` (those with trainer.json;
+    an async save in flight, or one cut short, has none)."""
+    out = {}
+    for path in root.glob("step-*"):
+        step = path.name.removeprefix("step-")
+        if step.isdigit() and (path / "trainer.json").is_file():
+            out[int(step)] = path
+    return dict(sorted(out.items()))
+
+
+ROLLED_BACK = "rolled-back"  # where roll_back moves the checkpoints it sets aside
+
+
+def roll_back(root: Path, at_most_step: int) -> int | None:
+    """Make the newest complete checkpoint holding a step <= `at_most_step` the one a
+    resume loads; set every newer folder aside under <root>/rolled-back/ (kept for a
+    post-mortem, never loaded, never overwritten by the re-run's saves). Returns its step,
+    None when there is none (the resume starts from scratch). Not while a job saves."""
+    keep = [s for s in complete(root) if s <= at_most_step]
+    target = keep[-1] if keep else None
+    aside = root / ROLLED_BACK
+    for path in sorted(root.glob("step-*")):
+        step = path.name.removeprefix("step-")
+        if step.isdigit() and (target is None or int(step) > target):
+            aside.mkdir(exist_ok=True)
+            dest = aside / f"{path.name}.{time.time_ns()}"
+            os.replace(path, dest)
+    if target is None:
+        (root / "latest").unlink(missing_ok=True)
+    else:
+        tmp = root / "latest.tmp"
+        tmp.write_text(_name(target))
+        os.replace(tmp, root / "latest")
+    return target
 
 
 def latest(root: Path) -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 
 from trainvitals import checks
@@ -38,8 +39,11 @@ FLAG_HELP = {
     "hooks": '"off" trains without trainvitals (to measure what the hooks cost)',
     "checkpoint_dir": "DCP checkpoints go here (with --resume, a run goes on from the newest)",
     "checkpoint_every": "steps between checkpoints; 0: never",
+    "checkpoint_every_min": "minutes of training between checkpoints (turned into steps); 0: never",
+    "checkpoint_async": "save checkpoints with DCP async_save: training waits only for the copy",
     "resume": "go on from the newest checkpoint in checkpoint_dir, if there is one",
     "inject": "a fault to inject, repeatable, e.g. nan:step=30 (kinds and keys: trainer/faults.py)",
+    "skip_data": "data windows FIRST:LAST never trained on (repeatable): a bad stretch of data",
 }
 
 
@@ -70,8 +74,11 @@ class TrainConfig:
     hooks: str = "on"
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
+    checkpoint_every_min: float = 0.0
+    checkpoint_async: bool = False
     resume: bool = False
     inject: list[str] = field(default_factory=list)
+    skip_data: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -141,6 +148,18 @@ class TrainConfig:
                 checks.http_url(f"TrainConfig.{name}", getattr(self, name))
         if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
             raise ValueError("TrainConfig.checkpoint_every must be >= 0 and needs checkpoint_dir")
+        if self.checkpoint_every_min < 0 or (self.checkpoint_every_min and not self.checkpoint_dir):
+            raise ValueError(
+                "TrainConfig.checkpoint_every_min must be >= 0 and needs checkpoint_dir"
+            )
+        if self.checkpoint_async and not (self.checkpoint_every or self.checkpoint_every_min):
+            warnings.warn(
+                "TrainConfig.checkpoint_async is ignored: no checkpoint_every(_min)", stacklevel=2
+            )
+        if self.skip_data:
+            from .data import parse_windows
+
+            parse_windows(self.skip_data)
         if self.resume and not self.checkpoint_dir:
             raise ValueError("TrainConfig.resume needs checkpoint_dir")
         if self.inject:  # refused here, before torchrun starts, rather than on every rank

@@ -55,8 +55,10 @@ class ByteBatches:
         self.seq_len = seq_len
         self.global_batch = global_batch
         self.gen = torch.Generator().manual_seed(seed)
+        self.drawn = 0  # global batches drawn so far: the next one's data index
 
     def _starts(self) -> torch.Tensor:
+        self.drawn += 1
         return torch.randint(
             0, len(self.data) - self.seq_len - 1, (self.global_batch,), generator=self.gen
         )
@@ -74,3 +76,37 @@ class ByteBatches:
         offsets = torch.arange(self.seq_len + 1)
         windows = self.data[local[:, None] + offsets]
         return windows[:, :-1], windows[:, 1:]
+
+
+def parse_windows(specs: list[str]) -> set[int]:
+    """'30:37' (data windows 30 to 37, inclusive), repeatable -> the set of skipped indices."""
+    skipped: set[int] = set()
+    for spec in specs:
+        first, colon, last = spec.partition(":")
+        try:
+            lo, hi = int(first), int(last or first)
+        except ValueError:
+            lo, hi = -1, -1
+        if lo < 0 or hi < lo or (colon and not last):
+            raise ValueError(
+                f"--skip-data {spec!r}: expected FIRST:LAST, whole numbers, FIRST <= LAST"
+            )
+        skipped.update(range(lo, hi + 1))
+    return skipped
+
+
+def data_index(step: int, skipped: set[int]) -> int:
+    """The data window step `step` trains on when the windows in `skipped` are left out:
+    the step-th window not skipped."""
+    index = step
+    for s in sorted(skipped):  # each skipped window at or before it pushes it one on
+        if s <= index:
+            index += 1
+    return index
+
+
+def advance_to(batches: ByteBatches, index: int) -> None:
+    """Draw and drop batches until the next one drawn is the data window `index`."""
+    if index < batches.drawn:
+        raise ValueError(f"data window {index} was drawn already ({batches.drawn} drawn)")
+    batches.skip(index - batches.drawn)

@@ -26,8 +26,9 @@ from trainvitals.hooks.flops import flops_per_token
 from trainvitals.hooks.spool import default_spool_dir
 
 from . import checkpoint
+from .checkpointer import Checkpointer
 from .config import TrainConfig, add_arguments, from_args
-from .data import ByteBatches, generate_corpus
+from .data import ByteBatches, advance_to, data_index, generate_corpus, parse_windows
 from .faults import FaultInjector
 from .model import PRESETS, Transformer
 from .parallel import build_mesh, parallelize
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     first_step = resumed.step + 1 if resumed else 0
     if resumed:
         checkpoint.restore_lr(optimizer, scheduler)
-        batches.skip(first_step)
+    skipped = parse_windows(cfg.skip_data)  # data windows never trained on
 
     monitor = (
         NullMonitor(cfg.run_id)
@@ -195,13 +196,19 @@ def main(argv: list[str] | None = None) -> None:
         monitor.event("restart", first_step, detail=detail)
 
     injector = FaultInjector(cfg.inject, rank, cfg.world_size, device, first_step)
+    saver = Checkpointer(
+        ckpt_root, rank, cfg.checkpoint_meta(), monitor, cfg.checkpoint_every,
+        cfg.checkpoint_every_min, cfg.checkpoint_async, first_step,
+    )  # fmt: skip
     for step in range(first_step, cfg.steps):
         injector.record(monitor, step)
         injector.arm_sdc(model, monitor, step)
         injector.crash_or_hang(step, monitor)
         injector.clock.start()  # this rank's compute time, the straggler's baseline
+        advance_to(batches, index := data_index(step, skipped))  # same data as an unbroken run
+        injector.record_data(monitor, step, index)
         inputs, targets = injector.batch(
-            step, *(to_device(t, device) for t in batches.next(dp_rank, cfg.dp))
+            step, *(to_device(t, device) for t in batches.next(dp_rank, cfg.dp)), index
         )
         with torch.autocast(
             device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32
@@ -221,13 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         injector.clock.end()
         if rank == 0 and (step % 50 == 0 or step == cfg.steps - 1):
             print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)  # .item() is a sync point
-        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-            saved_s = checkpoint.save(
-                ckpt_root, step, monitor.run_id, model, optimizer, scheduler, rank,
-                cfg.checkpoint_meta(),
-            )  # fmt: skip
-            if rank == 0:
-                monitor.event("checkpoint", step, detail={"duration_s": saved_s})
+        saver.after_step(step, monitor.run_id, model, optimizer, scheduler)
         if step == first_step + WARMUP_STEPS - 1:
             steady_start_s = time.perf_counter()
 
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         first = first_step + WARMUP_STEPS
         print(f"steady step time: {steady_ms:.2f} ms (steps {first}-{cfg.steps - 1})")
 
+    saver.wait()  # the last async save completes before the job ends
     monitor.close()
     if distributed:
         dist.destroy_process_group()

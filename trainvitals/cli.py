@@ -123,6 +123,12 @@ def _plan(args: argparse.Namespace, _rest: list[str]) -> int:
     return 0
 
 
+def _supervise(args: argparse.Namespace, job: list[str]) -> int | str:
+    from trainvitals.supervisor.main import run
+
+    return run(args, job)
+
+
 def _import(args: argparse.Namespace, _rest: list[str]) -> int:
     from pathlib import Path
 
@@ -501,6 +507,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_simulate)
 
     p = sub.add_parser(
+        "supervise",
+        help="run a job under torchrun, act on its alerts by policy (fence, roll back, resume)",
+        description="Launch the job's command (after --) under torchrun, one agent per node; "
+        "read the run's alerts from the collector (or an Alertmanager webhook) and, per the "
+        "policy, recommend or carry out: fence a node, roll back to a clean checkpoint, "
+        "relaunch on the nodes left. docs/supervisor.md.",
+    )
+    from trainvitals.supervisor.main import add_arguments as supervise_arguments
+
+    supervise_arguments(p)
+    p.set_defaults(func=_supervise)
+
+    p = sub.add_parser(
         "plan",
         help="FLOPs, days and energy of a training run, before it starts",
         description="Estimate a run's compute (6 N D), wall time and energy.",
@@ -520,8 +539,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    job: list[str] = []
+    if argv[:1] == ["supervise"] and "--" in argv:  # supervise's flags -- the job's command
+        argv, job = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = build_parser().parse_args(argv)
-    rest = argv[1:] if args.command == "train" else []
+    rest = argv[1:] if args.command == "train" else job
     if args.command == "train":
         # The trainer gets the train flags verbatim, minus --nproc.
         rest = _without_flag(rest, "--nproc")

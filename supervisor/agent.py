@@ -1,0 +1,250 @@
+"""The supervisor: runs the job, reads its alerts, applies the policy, records every action.
+
+    launch on the nodes not fenced -> poll the collector's alerts (or wake on a webhook)
+      -> new alert: observe (recommend: an event) or act within the limits:
+         stop the job, fence the node, roll the checkpoints back, relaunch
+      -> the job failed on its own: wait for the liveness alert that names the node
+      -> the job ended well: done
+
+Events (kinds), all at the run's step where it happened: `action:observe:<alert kind>`
+(what the policy recommends), `action:refused` (an action the limits or the fence list
+refused, and why), `action:fence` (node, rank, why), `action:rollback` (from step, to
+checkpoint, steps to redo, data skipped), `action:relaunch` (nodes, dp, seconds stopped);
+the relaunched trainer's own `restart` event marks training resumed.
+
+Alerts of the supervisor's own doing are not acted on: the liveness alerts of ranks it
+stopped (last heard while it was stopping them), alerts from a launch it already stopped
+and rolled back, and alerts it has seen.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainvitals.trainer import checkpoint
+
+from .actions import Limiter, Plan, plan
+from .alerts import Alert, CollectorClient
+from .fence import FenceError, FenceList
+from .launch import Agents, JobCommand
+from .policy import AUTOMATED, FENCE_ROLLBACK, RESPONSES, Policy
+
+HEARTBEAT_SLACK_S = 2.5  # the hooks' heartbeat interval (2 s) and a little: last heard
+LIVENESS = ("rank_lost", "hang")
+
+
+@dataclass
+class Launch:
+    """One launch of the job: its nodes and when it ran (the supervisor's clock)."""
+
+    generation: int
+    nodes: list[str]
+    started_unix_s: float
+    stop_began_unix_s: float | None = None  # a deliberate stop (an action), not a failure
+    stopped_unix_s: float | None = None
+
+
+@dataclass
+class Supervisor:
+    job: JobCommand
+    nodes: list[str]
+    nproc_per_node: int
+    policy: Policy
+    collector: CollectorClient
+    fences: FenceList
+    log_dir: Path
+    poll_s: float = 1.0
+    wake: threading.Event = field(default_factory=threading.Event)
+    clock: Callable[[], float] = time.time
+    log: Callable[[str], None] = lambda line: print(f"supervisor: {line}", flush=True)
+
+    def __post_init__(self) -> None:
+        self.job.check(len(self.nodes))
+        self.run_id = self.job.value("--run-id")
+        self.checkpoint_dir = Path(self.job.value("--checkpoint-dir"))
+        self.limiter = Limiter(self.policy.limits, self.clock)
+        self.launches: list[Launch] = []
+        self.seen: set[tuple] = set()
+        self.agents: Agents | None = None
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        """Supervise until the job ends well (0) or cannot go on (its exit code)."""
+        self._launch()
+        while True:
+            code = self.agents.poll()
+            if code == 0:
+                self.log(f"run {self.run_id} finished on {', '.join(self.launches[-1].nodes)}")
+                return 0
+            if self._check_alerts():
+                continue  # relaunched
+            if code is not None and not self._after_failure(code):
+                return code
+            self.wake.wait(self.poll_s)
+            self.wake.clear()
+
+    def _launch(self) -> None:
+        nodes = self.fences.remaining()
+        argv = self.job.for_nodes(len(nodes), len(self.nodes))
+        gen = len(self.launches)
+        self.launches.append(Launch(gen, nodes, self.clock()))
+        self.agents = Agents(nodes, self.nproc_per_node, argv, self.log_dir, gen)
+        self.log(f"launch {gen}: {len(nodes)} node(s) {', '.join(nodes)}: {' '.join(argv)}")
+
+    def _check_alerts(self) -> bool:
+        """Handle the alerts not seen yet; True if one led to a relaunch."""
+        try:
+            alerts = self.collector.alerts()
+        except Exception as e:
+            self.log(f"cannot read alerts from the collector: {e}")
+            return False
+        return any(self.handle(a) for a in alerts)
+
+    def _after_failure(self, code: int) -> bool:
+        """The job failed on its own: wait for the alert naming the culprit (and act on it),
+        else relaunch without fencing if the policy acts on rank_lost. False: give up."""
+        self.log(f"the job failed (exit code {code}); waiting for the alert that names the rank")
+        self.agents.stop()
+        deadline = self.clock() + self.policy.limits.failure_wait_s
+        while self.clock() < deadline:
+            if self._check_alerts():
+                return True
+            time.sleep(self.poll_s)
+        if self.policy.for_kind("rank_lost").mode != "act":
+            self.log("no alert named a rank, and rank_lost is observed only: giving up")
+            return False
+        refusal = self.limiter.refusal()
+        if refusal:
+            self.log(f"not relaunching: {refusal}")
+            return False
+        self.limiter.record()
+        step = self._progress()
+        self.collector.event("action:relaunch", step, detail={"why": f"exit code {code}, no alert"})
+        self._launch()
+        return True
+
+    # ------------------------------------------------------------------ one alert
+
+    def handle(self, alert: Alert) -> bool:
+        """Apply the policy to one alert; True if the job was relaunched. ValueError for an
+        alert of another run or of an unknown kind: refused, nothing done."""
+        if alert.run_id != self.run_id:
+            raise ValueError(
+                f"alert for run {alert.run_id!r}; this supervisor runs {self.run_id!r}"
+            )
+        kind_policy = self.policy.for_kind(alert.kind)  # PolicyError: an unknown kind
+        if alert.severity == "resolved" or alert.key in self.seen:
+            return False
+        self.seen.add(alert.key)
+        launch = self._launch_of(alert)
+        why = self._own_doing(alert, launch)
+        if why:
+            self.log(f"not acting on {alert.kind} at step {alert.step}: {why}")
+            return False
+        response = RESPONSES[alert.kind]
+        try:
+            canaries = (
+                self.collector.canary_steps(alert.onset_step) if response == FENCE_ROLLBACK else []
+            )
+            p = plan(alert, kind_policy, launch.nodes, self.nproc_per_node, canaries)
+        except ValueError as e:
+            return self._refuse(alert, str(e))
+        if p.node is not None and p.node in self.fences.fenced:
+            self.log(f"{alert.kind} at step {alert.step}: {p.node} is fenced already")
+            return False
+        if kind_policy.mode != "act" or response not in AUTOMATED:
+            self.log(f"observe {alert.kind} at step {alert.step}: recommend {p.describe()}")
+            self.collector.event(
+                f"action:observe:{alert.kind}",
+                alert.step,
+                -1 if alert.rank is None else alert.rank,
+                {"response": response, "recommend": p.describe(), "alert": alert.message[:500]},
+            )
+            return False
+        refusal = self.limiter.refusal()
+        if refusal is None and p.node is not None:
+            try:
+                self.fences.check(p.node)
+            except FenceError as e:
+                refusal = str(e)
+        if refusal:
+            return self._refuse(alert, refusal, p)
+        self._act(p)
+        return True
+
+    def _launch_of(self, alert: Alert) -> Launch:
+        """The launch that raised an alert: the last one started before its evidence."""
+        t = alert.evidence_unix_s
+        started = [x for x in self.launches if x.started_unix_s <= t]
+        return started[-1] if started else self.launches[0]
+
+    def _own_doing(self, alert: Alert, launch: Launch) -> str | None:
+        if launch.stop_began_unix_s is None:
+            return None
+        if alert.kind in LIVENESS:
+            heard = alert.evidence_unix_s
+            if heard >= launch.stop_began_unix_s - HEARTBEAT_SLACK_S:
+                return "its ranks went silent because the supervisor stopped them"
+        return f"raised by launch {launch.generation}, which was stopped and rolled back already"
+
+    def _refuse(self, alert: Alert, why: str, p: Plan | None = None) -> bool:
+        self.log(f"refused to act on {alert.kind} at step {alert.step}: {why}")
+        detail = {"alert": alert.kind, "why": why}
+        if p is not None:
+            detail["recommend"] = p.describe()
+        self.collector.event("action:refused", alert.step, -1, detail)
+        return False
+
+    def _act(self, p: Plan) -> None:
+        a, launch = p.alert, self.launches[-1]
+        self.log(f"act on {a.kind} at step {a.step} (rank {a.rank}): {p.describe()}")
+        self.limiter.record()
+        launch.stop_began_unix_s = self.clock()
+        self.agents.stop()
+        launch.stopped_unix_s = self.clock()
+        reached = self._progress()
+        if p.node is not None:
+            reason = f"{a.kind} at step {a.step}" + (
+                f" (rank {a.rank})" if a.rank is not None else ""
+            )
+            self.fences.fence(p.node, reason, self.clock())
+            detail = {"node": p.node, "why": reason, "message": a.message[:500]}
+            self.collector.event("action:fence", a.step, -1 if a.rank is None else a.rank, detail)
+        if p.rollback_at_most_step is None:
+            kept = max(checkpoint.complete(self.checkpoint_dir), default=None)
+        else:
+            kept = checkpoint.roll_back(self.checkpoint_dir, p.rollback_at_most_step)
+        resume_step = 0 if kept is None else kept + 1
+        if p.skip_data and reached >= resume_step:
+            from trainvitals.trainer.data import data_index, parse_windows
+
+            skipped = parse_windows(self.job.skip_data)
+            first, last = data_index(resume_step, skipped), data_index(reached, skipped)
+            self.job.skip_data.append(f"{first}:{last}")
+        detail = {
+            "from_step": reached,
+            "to_checkpoint_step": kept,
+            "resume_step": resume_step,
+            "redone_steps": max(0, reached - resume_step + 1),
+            "skip_data": self.job.skip_data[-1] if p.skip_data and self.job.skip_data else None,
+            "why": f"{a.kind} at step {a.step}",
+        }
+        self.collector.event("action:rollback", reached, -1, detail)
+        self._launch()
+        stopped_s = self.clock() - launch.stop_began_unix_s
+        relaunch = {"nodes": self.launches[-1].nodes, "stopped_s": stopped_s}
+        relaunch["alert_to_relaunch_s"] = self.clock() - a.time_unix_s
+        self.collector.event("action:relaunch", reached, -1, relaunch)
+
+    def _progress(self) -> int:
+        """The newest step the job reached, as the collector holds it (0 if unknown)."""
+        try:
+            return self.collector.last_step() or 0
+        except Exception as e:
+            self.log(f"cannot read the run's progress: {e}")
+            return 0
