@@ -119,9 +119,12 @@ def test_spike_that_stays_up_is_one_spike_alert() -> None:
     assert [(a.kind, a.step) for a in alerts] == [("loss_spike", 250)]
 
 
-def _throughput(tokens_per_s: list[float]) -> list:
+def _throughput(tokens_per_s: list[float], step_s: float = 2.0) -> list:
+    """The throughput-drop alerts of steps `step_s` of wall time apart."""
     d = ThroughputDropDetector()
-    views = (StepView("r", i, 0.0, 2.0, 1.0, tokens_per_s=t) for i, t in enumerate(tokens_per_s))
+    views = (
+        StepView("r", i, i * step_s, 2.0, 1.0, tokens_per_s=t) for i, t in enumerate(tokens_per_s)
+    )
     return [a for v in views for a in d.observe(v)]
 
 
@@ -131,6 +134,22 @@ def test_throughput_drop_alerts_once_and_not_on_noise() -> None:
     assert _throughput(noisy) == []
     dropped = noisy[:500] + [0.7 * x for x in noisy[500:800]]
     (alert,) = _throughput(dropped)
-    assert alert.kind == "throughput_drop" and 500 <= alert.step < 525
+    assert alert.kind == "throughput_drop" and 530 <= alert.step < 535  # 60 s of 2 s steps
     assert alert.value < 0.75 * alert.baseline
     assert _throughput([*noisy[:500], 100.0, *noisy[500:]]) == []  # one slow step (a checkpoint)
+
+
+def test_throughput_drop_must_last_a_minute_of_wall_time() -> None:
+    # A busy host's load swing: 40% lower for 30 steps. At 0.5 s a step (15 s) it is not
+    # paged; at 3 s a step (90 s) it is, once 60 s have passed since it began.
+    rng = random.Random(6)
+    noisy = [1000 * rng.gauss(1, 0.05) for _ in range(1000)]
+    swing = noisy[:500] + [0.6 * x for x in noisy[500:530]] + noisy[530:]
+    assert _throughput(swing, step_s=0.5) == []
+    (alert,) = _throughput(swing, step_s=3.0)
+    assert alert.step == 520  # the first low window (500-519) spans 57 s; at 520, 60 s
+    assert "for 60 s" in alert.message
+    # A drop that lasts is paged a minute after it began, whatever the step time.
+    dropped = noisy[:500] + [0.6 * x for x in noisy[500:]]
+    (alert,) = _throughput(dropped, step_s=0.5)
+    assert alert.step == 620
