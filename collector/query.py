@@ -37,6 +37,8 @@ _AGG_SQL = {"max": "max", "mean": "avg", "min": "min"}
 _STEP_VALUES = [f.name for f in STEPS.fields if f.name not in ("step",) and f.dtype != "string"]
 _WITH_MAX = ("loss", "grad_norm")
 _LAYER_METRICS = tuple(f.name for f in LAYERS.fields if f.name not in ("step", "layer"))
+# Layers one request may name: a drill-down follows a few; every layer is the default.
+_MAX_LAYERS_ASKED = 100
 _RANK_METRICS = tuple(f.name for f in RANKS.fields if f.name not in ("step", "rank"))
 
 
@@ -189,14 +191,16 @@ def layer_series(
     end: End = None,
     max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
     agg: Agg = "max",
-    layer: Annotated[
-        list[int] | None, Query(ge=0, le=1_000_000, description="only these layers")
-    ] = None,
+    layer: Annotated[list[int] | None, Query(description="only these layer indices")] = None,
 ) -> dict[str, Any]:
     """Step x layer grid of one per-layer metric, long format (step, layer, value);
     `layer` (repeatable) keeps to those layers, as a drill-down into a few needs."""
     if metric not in _LAYER_METRICS:
         raise HTTPException(422, f"metric must be one of {list(_LAYER_METRICS)}, got {metric!r}")
+    if layer and (len(layer) > _MAX_LAYERS_ASKED or min(layer) < 0):
+        raise HTTPException(
+            422, f"layer: at most {_MAX_LAYERS_ASKED} indices, none negative, got {layer[:5]}"
+        )
     _require_run(store, run_id)
     names = store.query("SELECT layer_names_json FROM runs WHERE run_id = ?", [run_id]).to_pylist()
     grid = _grid(store, "layers", "layer", metric, run_id, start, end, max_steps, agg, layer)

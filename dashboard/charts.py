@@ -153,8 +153,9 @@ def markers(
     opens the Health view at its step.
     """
     first, end = steps
-    alert_marks = alerts.loc[alerts["step"].between(first, end - 1), ["step", "severity", "kind"]]
-    alert_marks = alert_marks.assign(message=alerts["message"].fillna(""))
+    columns = ["step", "severity", "kind", "message"]
+    alert_marks = alerts.loc[alerts["step"].between(first, end - 1), columns]
+    alert_marks["message"] = alert_marks["message"].fillna("")
     shown = events[events["step"].between(first, end - 1)]
     event_marks = (
         shown.groupby(["step", "kind"], as_index=False)

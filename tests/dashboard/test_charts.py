@@ -93,3 +93,34 @@ def test_layer_heatmap_leaves_a_value_never_measured_blank_and_a_non_finite_one_
     valid, invalid = spec["layer"]
     assert [c["layer_name"] for c in spec["datasets"][invalid["data"]["name"]]] == ["h0"]
     assert [c["layer_name"] for c in spec["datasets"][valid["data"]["name"]]] == ["emb"]
+
+
+def test_markers_keep_to_the_window_and_merge_one_kind_of_event_at_a_step() -> None:
+    alerts = pd.DataFrame(
+        {
+            "step": [5, 50],
+            "severity": ["critical", "warning"],
+            "kind": ["sdc", "loss_spike"],
+            "message": ["ranks differ", None],
+        }  # fmt: skip
+    ).astype({"step": "Int64"})
+    events = pd.DataFrame(
+        {
+            "step": [20, 20, 80],
+            "rank": [0, 1, 0],
+            "kind": ["restart"] * 3,
+            "detail": ["{}", "{}", '{"why": "oom"}'],
+        }  # fmt: skip
+    )
+    marks = charts.markers("r 1", alerts, events, (10, 100))
+    assert marks["step"].tolist() == [20, 50, 80]
+    assert marks["severity"].tolist() == ["event", "warning", "event"]
+    assert marks["message"].tolist() == ["restart (2 ranks)", "", 'restart: {"why": "oom"}']
+    assert marks["href"][1] == "?run=r+1&view=Health&step=50"
+    assert charts.markers("r", alerts, events, (60, 70)).empty  # nothing in the window
+
+
+def test_heatmap_cells_span_to_the_next_logged_step_and_the_last_one_its_gap() -> None:
+    ends = charts.step_ends(pd.Series([0, 0, 10, 20, 20]), bucket_steps=1)
+    assert ends.tolist() == [10, 10, 20, 30, 30]
+    assert charts.step_ends(pd.Series([7]), bucket_steps=4).tolist() == [11]

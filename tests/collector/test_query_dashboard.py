@@ -1,0 +1,95 @@
+"""Query API endpoints the dashboard's views read: goodput, nodes, a layer subset, the runs
+listed. Over a store filled through ingest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainvitals.analyzer.goodput import goodput
+from trainvitals.schema import BatchBuilder
+
+from .conftest import counts, make_batch
+
+
+def _post(client, batch: BatchBuilder, run_id: str = "r1") -> None:
+    assert client.post("/api/v1/ingest", content=batch.to_json()).status_code == 202
+    counts(client, run_id)
+
+
+def _runs_row(b: BatchBuilder, hosts: list[str]) -> None:
+    b.append("runs", started_unix_s=999.0, model="m", model_config_json="{}", n_params=1,
+             n_layers=2, layer_names_json='["a", "b"]', world_size=len(hosts), dp=len(hosts),
+             tp=1, device_type="cpu", device_name="cpu", hosts_json=json.dumps(hosts),
+             flops_per_token=6.0, peak_flops_per_s=1e12, peak_flops_source="given")  # fmt: skip
+
+
+def test_goodput_is_the_analyzers_over_the_stored_steps_and_events(client) -> None:
+    # 40 steps a second apart, then a restart that cost 30 s and re-did steps 35..39.
+    _post(client, make_batch(steps=range(40)))
+    b = BatchBuilder("r1")
+    for step in range(35, 60):
+        b.append("steps", step=step, time_unix_s=1000.0 + 40 + 30 + (step - 35), loss=2.0,
+                 grad_norm=1.0, tokens=512, step_time_s=1.0, tokens_per_s=512.0,
+                 tflops_per_s_per_device=0.1, mfu_ratio=0.25)  # fmt: skip
+    b.append("events", step=35, rank=-1, kind="restart", detail="{}", time_unix_s=1060.0)
+    _post(client, b)
+    served = client.get("/api/v1/runs/r1/goodput").json()
+    # What the analyzer (and so `trainvitals replay`) computes from the same rows: the
+    # store keeps the first copy of each step, as replay reads it.
+    steps = {
+        "step": [*range(40), *range(40, 60)],
+        "time_unix_s": [1000.0 + s for s in range(40)] + [1075.0 + s - 40 for s in range(40, 60)],
+        "step_time_s": [0.5] * 40 + [1.0] * 20,
+    }
+    events = {"step": [35], "kind": ["restart"], "detail": ["{}"], "time_unix_s": [1060.0]}
+    expected = goodput("r1", steps, events)
+    assert served["ratio"] == pytest.approx(expected.ratio)
+    assert served["restarts"] == 1 and served["redone_steps"] == 5
+    assert 0 < served["ratio"] < 1
+    # Asked again with nothing new, the same answer (from its cache).
+    assert client.get("/api/v1/runs/r1/goodput").json() == served
+
+
+def test_a_run_that_never_logged_a_step_is_not_listed(client) -> None:
+    b = BatchBuilder("empty")
+    _runs_row(b, ["h0"])
+    assert client.post("/api/v1/ingest", content=b.to_json()).status_code == 202
+    counts(client, "empty")
+    _post(client, make_batch(steps=range(2)))
+    assert [r["run_id"] for r in client.get("/api/v1/runs").json()] == ["r1"]
+
+
+def test_nodes_group_ranks_by_host(client) -> None:
+    # Four ranks on two hosts; make_batch gives rank r a step time of 0.4 + 0.1 r s and
+    # 256 tokens/s.
+    b = make_batch(steps=range(4), world=4)
+    _runs_row(b, ["node-b", "node-a", "node-b", "node-a"])
+    _post(client, b)
+    summary = client.get("/api/v1/runs/r1/nodes/summary").json()
+    assert summary["host"] == ["node-a", "node-b"]
+    assert summary["ranks"] == [2, 2]
+    # A node is as slow as its slowest rank (node-a: ranks 1 and 3) and moves the tokens
+    # of all of its ranks.
+    assert summary["step_time_s"] == pytest.approx([0.7, 0.6])
+    assert summary["tokens_per_s"] == pytest.approx([512.0, 512.0])
+    grid = client.get("/api/v1/runs/r1/nodes", params={"max_steps": 2}).json()
+    assert grid["hosts"] == ["node-a", "node-b"] and grid["bucket_steps"] == 2
+    assert grid["step"] == [0, 0, 2, 2] and grid["node"] == [0, 1, 0, 1]
+    assert grid["value"] == pytest.approx([0.7, 0.6, 0.7, 0.6])
+    assert client.get("/api/v1/runs/r1/hosts").json()["hosts"][0] == "node-b"
+    r = client.get("/api/v1/runs/r1/nodes", params={"metric": "loss; drop table ranks"})
+    assert r.status_code == 422 and "metric must be one of" in r.json()["detail"]
+
+
+def test_nodes_of_a_run_without_hosts_are_empty_not_an_error(client) -> None:
+    _post(client, make_batch(steps=range(2)))
+    assert client.get("/api/v1/runs/r1/nodes/summary").json()["host"] == []
+    assert client.get("/api/v1/runs/r1/nodes").json()["hosts"] is None
+
+
+def test_layers_can_be_asked_for_a_few_layers(client) -> None:
+    _post(client, make_batch(steps=range(3), n_layers=4))
+    grid = client.get("/api/v1/runs/r1/layers", params={"layer": [1, 3]}).json()
+    assert set(grid["layer"]) == {1, 3} and len(grid["step"]) == 6
