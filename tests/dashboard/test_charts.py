@@ -102,7 +102,7 @@ def test_markers_keep_to_the_window_and_merge_one_kind_of_event_at_a_step() -> N
             "severity": ["critical", "warning"],
             "kind": ["sdc", "loss_spike"],
             "message": ["ranks differ", None],
-        }  # fmt: skip
+        }
     ).astype({"step": "Int64"})
     events = pd.DataFrame(
         {
@@ -110,7 +110,7 @@ def test_markers_keep_to_the_window_and_merge_one_kind_of_event_at_a_step() -> N
             "rank": [0, 1, 0],
             "kind": ["restart"] * 3,
             "detail": ["{}", "{}", '{"why": "oom"}'],
-        }  # fmt: skip
+        }
     )
     marks = charts.markers("r 1", alerts, events, (10, 100))
     assert marks["step"].tolist() == [20, 50, 80]
