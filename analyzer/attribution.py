@@ -117,9 +117,68 @@ class LayerVerdict:
         )
 
 
+@dataclass(frozen=True)
+class LayerAttributionSettings:
+    """Which layer a loss spike names (section `layer_attribution`; LayerHistory). Windows
+    count logged steps."""
+
+    # Steps of history before the lookback: each statistic's trend and noise. Long enough
+    # for a robust spread, short enough to follow gradient norms that fall early on.
+    window: int = 50
+    # Steps judged, ending at the spike: a layer that blows up a few logged steps before
+    # the loss does (an instability growing inside it) deviates inside this lookback.
+    lookback: int = 5
+    # Steps in the median that is a statistic's level before each lookback step.
+    level_window: int = 5
+    # Steps of history needed before any layer is named.
+    min_history: int = 10
+    # A statistic deviated when it is this many noise deviations from its level...
+    # (a bad batch moved real layers' gradient norms 3-80x; noise is a few percent)
+    z_threshold: float = 6.0
+    # ... and at least this factor away from it, either way (a near-zero noise on a flat
+    # statistic would otherwise turn noise into deviations).
+    min_ratio: float = 1.5
+    # A layer led when its change (in log) is at least this many times every other
+    # deviating layer's at the earliest step.
+    lead_factor: float = 1.5
+    # When at least this share of the layers (two or more) moved at the earliest step, no
+    # layer led: a bad batch or a learning-rate jump moves every layer at once.
+    together_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("window", "lookback", "level_window", "min_history"):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"layer_attribution.{name} must be >= 1, got {getattr(self, name)}"
+                )
+        if self.min_history > self.window:
+            raise ValueError(
+                f"layer_attribution.min_history must be <= window ({self.window}), got "
+                f"{self.min_history}"
+            )
+        if self.level_window > self.min_history:
+            raise ValueError(
+                f"layer_attribution.level_window must be <= min_history ({self.min_history}), "
+                f"got {self.level_window}"
+            )
+        if not self.z_threshold > 0:
+            raise ValueError(f"layer_attribution.z_threshold must be > 0, got {self.z_threshold}")
+        for name in ("min_ratio", "lead_factor"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(
+                    f"layer_attribution.{name} must be >= 1, got {getattr(self, name)}"
+                )
+        if not 0 < self.together_fraction <= 1:
+            raise ValueError(
+                "layer_attribution.together_fraction must be in (0, 1], got "
+                f"{self.together_fraction}"
+            )
+
+
 @dataclass
 class LayerHistory:
-    """The last `window + lookback` logged steps of every layer's log statistics.
+    """The last `window + lookback` logged steps of every layer's log statistics (the
+    windows and thresholds: LayerAttributionSettings).
 
     At a spike, each (layer, statistic) series is judged over the last `lookback` logged
     steps, with the `window` steps before them as its history. Level at a lookback step:
@@ -135,14 +194,7 @@ class LayerHistory:
     Per step: one (stats x layers) row written, O(layers).
     """
 
-    window: int = 50
-    lookback: int = 5
-    level_window: int = 5
-    min_history: int = 10
-    z_threshold: float = 6.0
-    min_ratio: float = 1.5
-    lead_factor: float = 1.5
-    together_fraction: float = 0.5
+    settings: LayerAttributionSettings = field(default_factory=LayerAttributionSettings)
     _buf: np.ndarray | None = field(default=None, repr=False)  # (capacity, stats, layers)
     _steps: np.ndarray | None = field(default=None, repr=False)
     _layers: np.ndarray | None = field(default=None, repr=False)
@@ -151,7 +203,8 @@ class LayerHistory:
     def push(self, step: int, layers: LayerView | None) -> None:
         if layers is None or not len(layers.layer):
             return
-        cap = self.window + self.lookback
+        cfg = self.settings
+        cap = cfg.window + cfg.lookback
         if self._layers is None or not np.array_equal(self._layers, layers.layer):
             self._buf = np.full((cap, len(LAYER_STATS), len(layers.layer)), math.nan)
             self._steps = np.zeros(cap, dtype=np.int64)
@@ -167,18 +220,19 @@ class LayerHistory:
 
     def deviations(self) -> LayerVerdict:
         """Which layers deviated first in the lookback, and whether one of them led."""
+        cfg = self.settings
         verdict = partial(
             LayerVerdict,
-            lead_factor=self.lead_factor,
-            together_fraction=self.together_fraction,
-            lookback=self.lookback,
+            lead_factor=cfg.lead_factor,
+            together_fraction=cfg.together_fraction,
+            lookback=cfg.lookback,
         )
         if self._buf is None:
             return verdict([], 0, 0)
         cap = len(self._steps)
-        k = min(self.lookback, self._n)
-        n_base = min(self._n - k, self.window)
-        if n_base < self.min_history:
+        k = min(cfg.lookback, self._n)
+        n_base = min(self._n - k, cfg.window)
+        if n_base < cfg.min_history:
             return verdict([], 0, 0)
         order = [(self._n - n_base - k + i) % cap for i in range(n_base + k)]
         base, recent = self._buf[order[:n_base]], self._buf[order[n_base:]]
@@ -190,10 +244,10 @@ class LayerHistory:
             mad = np.nanmedian(np.abs(diffs - typical), axis=0)
             # Each lookback step against the median of the `level_window` steps just before
             # it, moved on by the trend over the half window that median lags by.
-            lag = (self.level_window + 1) / 2
+            lag = (cfg.level_window + 1) / 2
             level = np.stack(
                 [
-                    np.nanmedian(series[i - self.level_window : i], axis=0) + lag * typical
+                    np.nanmedian(series[i - cfg.level_window : i], axis=0) + lag * typical
                     for i in range(n_base, n_base + k)
                 ]
             )
@@ -201,7 +255,7 @@ class LayerHistory:
         dev = recent - level
         z = dev / spread
         with np.errstate(invalid="ignore"):
-            hit = (np.abs(z) > self.z_threshold) & (np.abs(dev) > math.log(self.min_ratio))
+            hit = (np.abs(z) > cfg.z_threshold) & (np.abs(dev) > math.log(cfg.min_ratio))
         if not hit.any():
             return verdict([], 0, len(self._layers))
         any_hit = hit.any(axis=0)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .attribution import LayerAttributionSettings
 from .detectors import LossSpikeSettings, NonFiniteSettings
 from .divergence import DivergenceSettings
 from .liveness import LivenessSettings
@@ -47,6 +48,7 @@ class AnalyzerConfig:
 
     nonfinite: NonFiniteSettings = field(default_factory=NonFiniteSettings)
     loss_spike: LossSpikeSettings = field(default_factory=LossSpikeSettings)
+    layer_attribution: LayerAttributionSettings = field(default_factory=LayerAttributionSettings)
     divergence: DivergenceSettings = field(default_factory=DivergenceSettings)
     straggler: StragglerSettings = field(default_factory=StragglerSettings)
     canary: CanarySettings = field(default_factory=CanarySettings)

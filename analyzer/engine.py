@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .alerts import Alert
+from .attribution import LayerHistory
 from .config import AnalyzerConfig
 from .coverage import MissingRanksDetector
 from .detectors import LossSpikeDetector, NonFiniteDetector
@@ -61,7 +62,7 @@ def default_detectors(config: AnalyzerConfig | None = None) -> list:
     c = config or AnalyzerConfig()
     return [
         NonFiniteDetector(c.nonfinite),
-        LossSpikeDetector(c.loss_spike),
+        LossSpikeDetector(c.loss_spike, layers=LayerHistory(c.layer_attribution)),
         DivergenceDetector(c.divergence),
         StragglerDetector(c.straggler),
         # canary, peer outliers, replica: one shared board of suspects

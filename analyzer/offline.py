@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from trainvitals.schema import STEP_BOUNDS
 
+from .attribution import LayerHistory
 from .config import AnalyzerConfig
 from .detectors import LossSpikeDetector, NonFiniteDetector
 from .divergence import DivergenceDetector
@@ -162,7 +163,7 @@ def step_detectors(config: AnalyzerConfig | None = None) -> list:
     c = config or AnalyzerConfig()
     return [
         NonFiniteDetector(c.nonfinite),
-        LossSpikeDetector(c.loss_spike),
+        LossSpikeDetector(c.loss_spike, layers=LayerHistory(c.layer_attribution)),
         DivergenceDetector(c.divergence),
         ThroughputDropDetector(c.throughput),
     ]

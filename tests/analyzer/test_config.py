@@ -48,8 +48,21 @@ def _an_int_setting() -> tuple[str, int]:
         (["straggler.nope=3"], "straggler.nope is not a setting"),
         (["canary.window=3"], r"canary.window is not a setting \(\[canary\] has none\)"),
         (["liveness.silence_s=-1"], "liveness.silence_s"),
+        (["layer_attribution.together_fraction=0"], "layer_attribution.together_fraction"),
     ],
 )
 def test_mistakes_are_named(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AnalyzerConfig.load(overrides=overrides)
+
+
+def test_layer_attribution_settings_reach_the_spike_detectors_layer_history() -> None:
+    from trainvitals.analyzer.detectors import LossSpikeDetector
+    from trainvitals.analyzer.engine import default_detectors
+    from trainvitals.analyzer.offline import step_detectors
+
+    config = AnalyzerConfig.load(overrides=["layer_attribution.lookback=7"])
+    for detectors in (default_detectors(config), step_detectors(config)):
+        (spike,) = [d for d in detectors if isinstance(d, LossSpikeDetector)]
+        assert spike.layers.settings == config.layer_attribution
+        assert spike.layers.settings.lookback == 7
