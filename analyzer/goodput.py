@@ -10,7 +10,12 @@ From a stored run's steps (step, time_unix_s, step_time_s) and events:
   the last step logged before the restart are *re-done*: trained twice, their time
   (count x usual step time) is lost too. A store keeps the first copy of each step (its
   key is (run, step)), so re-done steps are counted from the event, not from the rows;
-- checkpoints ('checkpoint' events): their detail's `duration_s`, where given;
+- checkpoints ('checkpoint' events): their detail's `duration_s`, where given; an
+  asynchronous one ('checkpoint_stall' at its start, trainer/checkpointer.py) costs only
+  the stall, its `stall_s`, and its 'checkpoint' event at completion costs nothing;
+- the supervisor's actions (supervisor/agent.py) are counted, not timed: their cost is the
+  restart gap and the re-done steps above ('action:fence' nodes fenced, 'action:rollback'
+  rollbacks and the steps they sent training back, 'action:relaunch' relaunches);
 - stalls: whatever else a gap holds beyond its steps' normal time, in gaps that the stall
   detector's rule calls a stall (stall.is_stall, same thresholds);
 - productive time: the rest. Goodput = productive / wall.
@@ -46,6 +51,9 @@ class Goodput:
     stall_s: float
     stalls: int
     step_s: float  # the usual time per step
+    fences: int = 0  # nodes the supervisor fenced
+    rollbacks: int = 0  # checkpoint rollbacks by the supervisor
+    rolled_back_steps: int = 0  # steps those rollbacks sent training back by
 
     @property
     def ratio(self) -> float:
@@ -62,6 +70,12 @@ class Goodput:
             f"steps {d(self.redone_s)} ({self.redone_steps} steps), checkpoints "
             f"{d(self.checkpoint_s)} ({self.checkpoints}), stalls "
             f"{d(self.stall_s)} ({self.stalls})"
+            + (
+                f"; supervisor: {self.fences} node(s) fenced, {self.rollbacks} rollback(s) "
+                f"of {self.rolled_back_steps} steps"
+                if self.fences or self.rollbacks
+                else ""
+            )
         )
 
 
@@ -92,7 +106,7 @@ def goodput(
         _, first = np.unique(step, return_index=True)
         keep = np.sort(first)
         step, t, step_time = step[keep], t[keep], step_time[keep]
-    empty = Goodput(run_id, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0, 0.0, 0, math.nan)
+    empty = Goodput(run_id, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0, 0.0, 0, math.nan, *_actions(events))
     if len(step) < 2:
         return empty
     gap, spanned = np.diff(t), np.diff(step)
@@ -124,7 +138,21 @@ def goodput(
         float(stall.sum()),
         int(stalled.sum()),
         per_step,
+        *_actions(events),
     )
+
+
+def _actions(events: dict[str, list]) -> tuple[int, int, int]:
+    """(nodes fenced, rollbacks, steps rolled back) from the supervisor's events."""
+    fences = rollbacks = rolled_back = 0
+    for kind, detail in zip(events.get("kind", []), events.get("detail", []), strict=True):
+        if kind == "action:fence":
+            fences += 1
+        elif kind == "action:rollback":
+            rollbacks += 1
+            steps = _detail(detail).get("redone_steps")
+            rolled_back += steps if isinstance(steps, int) else 0
+    return fences, rollbacks, rolled_back
 
 
 @dataclass(frozen=True)
@@ -156,9 +184,11 @@ def _events_by_gap(events: dict[str, list], step: np.ndarray, t: np.ndarray) -> 
             restarts += 1
             restarted[i] = True
             redone[i] += max(0, int(step[: i + 1].max()) - int(ev_step) + 1)
-        elif kind == "checkpoint":
-            checkpoints += 1
-            duration = _detail(detail).get("duration_s")
+        elif kind in ("checkpoint", "checkpoint_stall"):
+            d = _detail(detail)
+            checkpoints += kind == "checkpoint"
+            # An async save's time is its stall, charged at its start; its completion is free.
+            duration = d.get("stall_s") if kind == "checkpoint_stall" else d.get("duration_s")
             if isinstance(duration, int | float) and duration > 0:
                 checkpoint_s[i] += float(duration)
     return _GapEvents(restarted, redone, checkpoint_s, restarts, checkpoints)

@@ -69,6 +69,7 @@ class Supervisor:
         self.limiter = Limiter(self.policy.limits, self.clock)
         self.launches: list[Launch] = []
         self.seen: set[tuple] = set()
+        self.refused: set[tuple] = set()
         self.agents: Agents | None = None
 
     # ------------------------------------------------------------------ the loop
@@ -103,7 +104,15 @@ class Supervisor:
         except Exception as e:
             self.log(f"cannot read alerts from the collector: {e}")
             return False
-        return any(self.handle(a) for a in alerts)
+        for a in alerts:
+            try:
+                if self.handle(a):
+                    return True
+            except ValueError as e:  # another run's, or a kind no policy knows: refused
+                if a.key not in self.refused:
+                    self.refused.add(a.key)
+                    self.log(f"refused alert {a.kind} at step {a.step}: {e}")
+        return False
 
     def _after_failure(self, code: int) -> bool:
         """The job failed on its own: wait for the alert naming the culprit (and act on it),
@@ -152,19 +161,16 @@ class Supervisor:
                 self.collector.canary_steps(alert.onset_step) if response == FENCE_ROLLBACK else []
             )
             p = plan(alert, kind_policy, launch.nodes, self.nproc_per_node, canaries)
-        except ValueError as e:
+        except ValueError as e:  # what its response needs is missing (a rank to fence)
+            if kind_policy.mode != "act":
+                self._observe(alert, response, f"{response} ({e})")
+                return False
             return self._refuse(alert, str(e))
         if p.node is not None and p.node in self.fences.fenced:
             self.log(f"{alert.kind} at step {alert.step}: {p.node} is fenced already")
             return False
         if kind_policy.mode != "act" or response not in AUTOMATED:
-            self.log(f"observe {alert.kind} at step {alert.step}: recommend {p.describe()}")
-            self.collector.event(
-                f"action:observe:{alert.kind}",
-                alert.step,
-                -1 if alert.rank is None else alert.rank,
-                {"response": response, "recommend": p.describe(), "alert": alert.message[:500]},
-            )
+            self._observe(alert, response, p.describe() if response in AUTOMATED else response)
             return False
         refusal = self.limiter.refusal()
         if refusal is None and p.node is not None:
@@ -176,6 +182,15 @@ class Supervisor:
             return self._refuse(alert, refusal, p)
         self._act(p)
         return True
+
+    def _observe(self, alert: Alert, response: str, recommend: str) -> None:
+        self.log(f"observe {alert.kind} at step {alert.step}: recommend {recommend}")
+        self.collector.event(
+            f"action:observe:{alert.kind}",
+            alert.step,
+            -1 if alert.rank is None else alert.rank,
+            {"response": response, "recommend": recommend, "alert": alert.message[:500]},
+        )
 
     def _launch_of(self, alert: Alert) -> Launch:
         """The launch that raised an alert: the last one started before its evidence."""
