@@ -1,7 +1,8 @@
 """GET /metrics: Prometheus text format, built at scrape time from the live state.
 
 Cardinality stays bounded: series are per run (and per alert kind), never per layer or
-per rank; the rank dimension is summarised as median, p99 and max of step time.
+per rank; the rank dimension is summarised as median, p99 and max of step time and of
+device power.
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class TrainvitalsCollector(Collector):
             if run.ended_unix_s is not None:
                 ended.add_metric([run_id], run.ended_unix_s)
         yield rank
+        yield from _power_metrics(self.store, runs)
         yield alerts
         yield active
         yield dropped
@@ -149,6 +151,53 @@ class TrainvitalsCollector(Collector):
         )
         if self.watchdog is not None:
             yield from _watchdog_metrics(self.watchdog)
+
+
+def _power_metrics(store: Store, runs: dict[str, RunState]):
+    """Job power and energy at each run's latest logged step, and its ranks' device power
+    summarised (median, p99, max) at their latest step.
+
+    Read from the store at scrape time by key (run, step): two point lookups per exported
+    run, a few milliseconds for hundreds of runs. A run without power data has no series.
+    """
+    power = GaugeMetricFamily(
+        "trainvitals_power_watts",
+        "Power of all devices of the job, mean over the latest logged step.",
+        labels=["run_id"],
+    )
+    energy = CounterMetricFamily(
+        "trainvitals_energy_joules",
+        "Energy of all devices of the job since its monitor started (it starts again from 0 "
+        "when a run resumes: a counter reset).",
+        labels=["run_id"],
+    )
+    rank_power = GaugeMetricFamily(
+        "trainvitals_rank_power_watts",
+        "Per-rank device power at the latest step with per-rank rows, summarised across ranks.",
+        labels=["run_id", "stat"],
+    )
+    for run_id, run in runs.items():
+        if "step" in run.latest:
+            row = store.query(
+                "SELECT power_w, energy_j FROM steps WHERE run_id = ? AND step = ?",
+                [run_id, int(run.latest["step"])],
+            ).to_pylist()
+            if row and row[0]["power_w"] is not None:
+                power.add_metric([run_id], row[0]["power_w"])
+            if row and row[0]["energy_j"] is not None:
+                energy.add_metric([run_id], row[0]["energy_j"])
+        if run.ranks_step >= 0:
+            stats = store.query(
+                "SELECT median(power_w) AS median, quantile_cont(power_w, 0.99) AS p99, "
+                "max(power_w) AS max FROM ranks WHERE run_id = ? AND step = ?",
+                [run_id, run.ranks_step],
+            ).to_pylist()[0]
+            for stat, value in stats.items():
+                if value is not None:
+                    rank_power.add_metric([run_id, stat], value)
+    yield power
+    yield energy
+    yield rank_power
 
 
 def _watchdog_metrics(watchdog: LiveWatchdog):

@@ -93,3 +93,27 @@ def test_layers_can_be_asked_for_a_few_layers(client) -> None:
     _post(client, make_batch(steps=range(3), n_layers=4))
     grid = client.get("/api/v1/runs/r1/layers", params={"layer": [1, 3]}).json()
     assert set(grid["layer"]) == {1, 3} and len(grid["step"]) == 6
+
+
+def test_metrics_hold_job_power_energy_and_a_bounded_rank_power_summary(client) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    b = BatchBuilder("r1")
+    for step in range(3):
+        b.append("steps", step=step, time_unix_s=1000.0 + step, loss=2.0, grad_norm=1.0,
+                 tokens=512, step_time_s=1.0, tokens_per_s=512.0, tflops_per_s_per_device=0.1,
+                 mfu_ratio=0.25, power_w=1000.0 + step, energy_j=1000.0 * (step + 1))  # fmt: skip
+        for rank in range(101):
+            b.append("ranks", step=step, rank=rank, step_time_s=1.0, tokens_per_s=5.0,
+                     loss=2.0, power_w=100.0 + rank)  # fmt: skip
+    _post(client, b)
+    _post(client, make_batch(run_id="dark", steps=range(2)), "dark")  # no power source
+    text = client.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    [power] = families["trainvitals_power_watts"].samples
+    assert power.labels == {"run_id": "r1"} and power.value == 1002.0
+    [energy] = families["trainvitals_energy_joules"].samples
+    assert energy.name == "trainvitals_energy_joules_total" and energy.value == 3000.0
+    stats = {s.labels["stat"]: s.value for s in families["trainvitals_rank_power_watts"].samples}
+    # One series per statistic, whatever the number of ranks.
+    assert stats == {"median": 150.0, "p99": pytest.approx(199.0), "max": 200.0}

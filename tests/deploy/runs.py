@@ -21,6 +21,7 @@ CANARY_EVERY = 5  # steps between canary fingerprints
 # throughput, under the throughput_drop bar (20%), so that each fault raises its own alert.
 STRAGGLER_RANK, STRAGGLER_SLOWDOWN = 3, 0.2
 SDC_RANK = 2
+POWER_W = 300.0  # each device's draw
 FAULTS = ("loss_spike", "nonfinite", "straggler", "sdc")
 # The collector of the end-to-end test requires a token, as the compose stack's does
 # (servers.py): reads and writes, and Prometheus' scrapes, all carry it.
@@ -43,6 +44,7 @@ def _rank_rows(step: int, fault: str | None) -> list[dict]:
             "loss": 0.0,  # filled in by the caller
             "compute_time_s": compute[r],
             "wait_time_s": step_time - compute[r],
+            "power_w": POWER_W,
         }
         if step % CANARY_EVERY == 0:
             # Every rank runs the same canary computation: equal bits unless one is faulty.
@@ -85,6 +87,8 @@ def batch(
             tokens_per_s=WORLD * 1024 / step_time,
             tflops_per_s_per_device=0.05 * 0.48 / step_time,
             mfu_ratio=0.2 * 0.48 / step_time,
+            power_w=WORLD * POWER_W,
+            energy_j=WORLD * POWER_W * STEP_S * (step + 1),
         )
         for row in ranks:
             b.append("ranks", **{**row, "loss": loss})
