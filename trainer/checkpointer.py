@@ -56,10 +56,15 @@ class Checkpointer:
         self._pending: tuple[Future, int, str, dict, float, float] | None = None
         self._next_timed_step = first_step + ESTIMATE_AFTER_STEPS if every_min else None
         self._estimated = False  # the first timed step only measures the step time
-        self._since = (first_step, clock())  # (step, time) the step time is measured from
+        # (step, time) the step time is measured from: the end of the step before the first
+        self._since = (first_step - 1, clock())
         # DCP's async writer runs collectives on its own thread: a group of its own.
         self._group = (
             dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        )
+        # The schedule's broadcast: a CPU tensor (gloo), not on the async writer's group.
+        self._schedule_group = (
+            dist.new_group(backend="gloo") if every_min and dist.is_initialized() else None
         )
 
     def after_step(self, step: int, run_id: str, model, optimizer, scheduler) -> None:
@@ -83,7 +88,7 @@ class Checkpointer:
         steps = max(1, round(self.every_min * 60 / max(per_step_s, 1e-9)))
         if dist.is_initialized():
             n = torch.tensor([steps], dtype=torch.int64)
-            dist.broadcast(n, src=0, group=self._group)  # sync point: ranks agree on the step
+            dist.broadcast(n, src=0, group=self._schedule_group)  # sync point: ranks agree
             steps = int(n.item())
         self._next_timed_step = step + steps
         self._since = (step, self.clock())
