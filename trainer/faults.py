@@ -34,111 +34,64 @@ once (a faulty unit stays faulty, as a straggler stays slow).
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from trainvitals import faultspec
+from trainvitals.faultspec import Fault, Param
 from trainvitals.hooks.timing import recorded_event
 
-KINDS = {
-    # kind: (required parameters, optional parameters with defaults)
-    "straggler": ({"rank", "step", "slowdown"}, {"node": ""}),
-    "sdc": ({"rank", "step"}, {"fraction": 0.001, "mode": "unit", "node": ""}),
-    "spike": ({"step"}, {"kind": "batch"}),
-    "nan": ({"step"}, {}),
-    "crash": ({"rank", "step"}, {"node": ""}),
-    "hang": ({"rank", "step"}, {"node": ""}),
-    "diverge": ({"step"}, {"growth": 1.3}),
-}
-_TEXT_PARAMS = {"kind", "mode", "node"}
-_WHOLE_PARAMS = {"rank", "step"}
+_WHOLE = Param("whole")  # rank, step
+_NODE = Param("text", "")  # a fault of one node's hardware: `rank` is local to it
+# kind -> its parameters, in the fault language both the trainer and the simulator speak
+# (trainvitals/faultspec.py)
+KINDS: dict[str, dict[str, Param]] = {
+    "straggler": {
+        "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
+        "slowdown": Param("number", low=0, high=10, words="in (0, 10]"),
+    },
+    "sdc": {
+        "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
+        "fraction": Param("number", 0.001, low=0, high=1, words="in (0, 1]"),
+        "mode": Param("text", "unit", choices=("unit", "bitflip")),
+    },
+    "spike": {"step": _WHOLE, "kind": Param("text", "batch", choices=("batch", "lr"))},
+    "nan": {"step": _WHOLE},
+    "crash": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE},
+    "hang": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE},
+    "diverge": {"step": _WHOLE, "growth": Param("number", 1.3, low=1, high=10, words="in (1, 10]")},
+}  # fmt: skip
 NODE_ENV = "TRAINVITALS_NODE"  # the name of the node (agent) a rank runs on
 LR_SPIKE_FACTOR = 30.0
 DIVERGE_MAX_FACTOR = 1e4  # the diverge fault's learning-rate factor stops growing here
 BITFLIP_BIT = 20  # a float32 mantissa bit: the weight changes by a few percent, nothing blows up
 
 
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    params: dict = field(default_factory=dict)
-
-    @property
-    def step(self) -> int:
-        return int(self.params["step"])
-
-    @property
-    def rank(self) -> int:
-        """The rank it hits: global, or local to `node` when the fault names one."""
-        return int(self.params.get("rank", -1))
-
-    @property
-    def node(self) -> str:
-        return str(self.params.get("node", ""))
-
-    def poisons(self, data_index: int) -> bool:
-        """A diverge fault: whether `data_index` is its bad data window."""
-        return self.kind == "diverge" and data_index == self.step
-
-
 def parse_fault(spec: str) -> Fault:
     """'straggler:rank=1,step=20,slowdown=0.3' -> Fault. ValueError names what is wrong."""
-    kind, _, rest = spec.partition(":")
-    if kind not in KINDS:
-        raise ValueError(f"--inject {spec!r}: unknown fault {kind!r}; one of {sorted(KINDS)}")
-    required, optional = KINDS[kind]
-    params: dict = dict(optional)
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or key not in required | set(optional):
-            raise ValueError(
-                f"--inject {spec!r}: unexpected {item!r}; takes {sorted(required | set(optional))}"
-            )
-        params[key] = _value(spec, key, value)
-    missing = required - set(params)
-    if missing:
-        raise ValueError(f"--inject {spec!r}: missing {sorted(missing)}")
-    if kind == "straggler" and not 0 < params["slowdown"] <= 10:
-        raise ValueError(f"--inject {spec!r}: slowdown must be in (0, 10]")
-    if kind == "sdc" and not 0 < params["fraction"] <= 1:
-        raise ValueError(f"--inject {spec!r}: fraction must be in (0, 1]")
-    if kind == "sdc" and params["mode"] not in ("unit", "bitflip"):
-        raise ValueError(f"--inject {spec!r}: sdc mode must be 'unit' or 'bitflip'")
-    if kind == "diverge" and not 1 < params["growth"] <= 10:
-        raise ValueError(f"--inject {spec!r}: growth must be in (1, 10]")
-    if kind == "spike" and params["kind"] not in ("batch", "lr"):
-        raise ValueError(f"--inject {spec!r}: spike kind must be 'batch' or 'lr'")
-    return Fault(kind, params)
+    return faultspec.parse_fault(spec, KINDS, flag="--inject")
 
 
-def _value(spec: str, key: str, text: str) -> str | int | float:
-    """A parameter's value: text, a whole number >= 0 (rank, step) or a number."""
-    if key in _TEXT_PARAMS:
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if key in _WHOLE_PARAMS:
-        if not (value.is_integer() and value >= 0):  # False for nan and inf too
-            raise ValueError(f"--inject {spec!r}: {key} must be a whole number >= 0, got {text!r}")
-        return int(value)
-    if math.isnan(value):
-        raise ValueError(f"--inject {spec!r}: {key} must be a number, got {text!r}")
-    return value  # inf is refused by the range checks in parse_fault
+def _node(f: Fault) -> str:
+    """The node a fault names ('': none; its rank is global)."""
+    return str(f.params.get("node", ""))
+
+
+def _poisons(f: Fault, data_index: int) -> bool:
+    """A diverge fault: whether `data_index` is its bad data window."""
+    return f.kind == "diverge" and data_index == f.step
 
 
 def _detail(f: Fault) -> dict:
     """A fault's parameters for its ground-truth event (rank and step are the event's own)."""
-    detail = {k: v for k, v in f.params.items() if k not in ("rank", "step") and v != ""}
-    if f.node:
+    detail = {k: v for k, v in f.params.items() if v != ""}
+    if _node(f):
         detail["local_rank"] = f.rank
     if detail.get("mode") == "bitflip":
         del detail["fraction"]  # a bit flip changes one bit, not a fraction
@@ -194,8 +147,8 @@ class FaultInjector:
         return not (self.first_step > 0 and f.kind in ("crash", "hang"))
 
     def _hits_me(self, f: Fault) -> bool:
-        if f.node:  # a faulty part of one node: its local rank there
-            return f.node == self.node and f.rank == self.local_rank
+        if _node(f):  # a faulty part of one node: its local rank there
+            return _node(f) == self.node and f.rank == self.local_rank
         return f.rank in (-1, self.rank)
 
     def _mine(self, kind: str, step: int, started: bool = False) -> list[Fault]:
@@ -212,13 +165,13 @@ class FaultInjector:
         if self.rank == 0:
             for f in self.faults:
                 if f.step == step and self._fires(f) and f.kind != "diverge":
-                    monitor.event(f"fault:{f.kind}", step, -1 if f.node else f.rank, _detail(f))
+                    monitor.event(f"fault:{f.kind}", step, -1 if _node(f) else f.rank, _detail(f))
 
     def record_data(self, monitor, step: int, data_index: int) -> None:
         """Rank 0 records a bad data window's first batch where a step meets it."""
         if self.rank == 0:
             for f in self.faults:
-                if f.poisons(data_index):
+                if _poisons(f, data_index):
                     detail = {**_detail(f), "data_index": data_index}
                     monitor.event("fault:diverge", step, -1, detail)
 
@@ -244,7 +197,7 @@ class FaultInjector:
         """The step's batch; random bytes for a batch spike or a bad data window (nothing
         to learn from them). data_index: which window of the data it is (trainer/data.py)."""
         for f in self.faults:
-            if f.poisons(data_index) and self._diverging is None:
+            if _poisons(f, data_index) and self._diverging is None:
                 self._diverging = (step, f.params["growth"])
         if any(f.params["kind"] == "batch" for f in self._mine("spike", step)):
             gen = torch.Generator().manual_seed(step)

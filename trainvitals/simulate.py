@@ -29,9 +29,10 @@ Steps between logged ones (`log_every` > 1) take their time too, from the same t
 model (noise, slow devices, faults), and a NaN among them shows on the next logged step, in
 its non-finite step counters and activation maxima, as the hooks report it.
 
-Faults (`parse_fault`, the trainer's `--inject` syntax) change those values from their step
-on, and each is recorded as an `events` row `fault:<kind>` (rank, step, detail JSON): the
-ground truth detectors are scored against. See FAULTS for the kinds and their parameters.
+Faults (`parse_fault`: the trainer's `--inject` language, trainvitals/faultspec.py) change
+those values from their step on, and each is recorded as an `events` row `fault:<kind>`
+(rank, step, detail JSON): the ground truth detectors are scored against. See FAULTS for
+the kinds and their parameters.
 """
 
 from __future__ import annotations
@@ -39,37 +40,56 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from trainvitals import checks
+from trainvitals import checks, faultspec
+from trainvitals.faultspec import Fault, Param
 from trainvitals.schema import SCHEMA_VERSION, check_run_id
 
-# kind -> (required parameters, optional parameters with their defaults)
-FAULTS: dict[str, tuple[set[str], dict[str, float]]] = {
+_WHOLE = Param("whole")  # rank, step
+# kind -> its parameters (trainvitals/faultspec.py). Numbers are finite and bounded, so that
+# no value overflows: a spike's factor is squared into the gradient norms, and a stall's
+# seconds advance the clock that the daily drift takes the sine of.
+FAULTS: dict[str, dict[str, Param]] = {
     # the rank computes `slowdown` x longer from `step` on
-    "straggler": ({"rank", "step", "slowdown"}, {}),
+    "straggler": {
+        "rank": _WHOLE, "step": _WHOLE,
+        "slowdown": Param("number", low=0, high=10, words="in (0, 10]"),
+    },
     # from `step` on the rank's canary and replica fingerprints are wrong and its local
     # gradient norm is `grad_factor` x the others'
-    "sdc": ({"rank", "step"}, {"grad_factor": 30.0}),
+    "sdc": {
+        "rank": _WHOLE, "step": _WHOLE,
+        "grad_factor": Param("number", 30.0, low=1, high=1e6, words="in (1, 1e6]"),
+    },
     # the loss jumps to `factor` x its curve at `step` and recovers over a few steps
-    "spike": ({"step"}, {"factor": 3.0}),
+    "spike": {
+        "step": _WHOLE,
+        "factor": Param("number", 3.0, low=1, high=1e3, words="in (1, 1000]"),
+    },
     # a NaN born in the forward of layer L/2 at `step`: the outputs of that layer and every
     # later one, the loss, gradient norms and those layers' gradients are NaN. On a step
     # that is not logged it shows on the next logged one, in its non-finite step counters
     # and activation maxima, as with the hooks
-    "nan": ({"step"}, {}),
+    "nan": {"step": _WHOLE},
     # `step` takes `seconds` longer (at most a week): on `rank` (its data loading; the
     # others wait for it), or on every rank when no rank is given (a shared filesystem, a
     # checkpoint)
-    "stall": ({"step", "seconds"}, {"rank": -1}),
+    "stall": {
+        "step": _WHOLE, "rank": Param("whole", -1),
+        "seconds": Param("number", low=0, high=7 * 86_400, words="in (0, 604800] (a week)"),
+    },
     # from `step` on the rank's SM clock is `clock_drop` lower (so it computes slower) and
     # NVML reports `reasons` (default 0x20, software thermal slowdown)
-    "throttle": ({"rank", "step"}, {"clock_drop": 0.3, "reasons": 0x20}),
-}
-_INT_PARAMS = {"rank", "step", "reasons"}
+    "throttle": {
+        "rank": _WHOLE, "step": _WHOLE,
+        "clock_drop": Param("number", 0.3, low=0, high=0.99, words="in (0, 0.99]"),
+        "reasons": Param("whole", 0x20, low=0, high=2**32 - 1, words="a bitmask in [1, 2^32)"),
+    },
+}  # fmt: skip
 
 # Nominal device: an H100 SXM (bf16 dense peak 989 TFLOP/s; 700 W board power).
 PEAK_FLOPS_PER_S = 989e12
@@ -87,66 +107,14 @@ PEAK_LR = 3e-4
 FINGERPRINT_MASK = (1 << 52) - 1  # fingerprints are 52-bit: exact in a float64
 
 
-@dataclass(frozen=True)
-class Fault:
-    """One injected fault; `params` holds the kind's other parameters (see FAULTS)."""
-
-    kind: str
-    step: int
-    rank: int = -1  # -1: the whole job
-    params: dict[str, float] = field(default_factory=dict)
-
-    def detail(self) -> str:
-        """The events row's detail: the parameters other than rank and step, as JSON."""
-        return json.dumps(self.params, sort_keys=True)
-
-
 def parse_fault(spec: str) -> Fault:
     """'straggler:rank=3,step=100,slowdown=0.2' -> Fault. ValueError says what is wrong."""
-    kind, _, rest = spec.partition(":")
-    if kind not in FAULTS:
-        raise ValueError(f"fault {spec!r}: unknown kind {kind!r}; one of {sorted(FAULTS)}")
-    required, optional = FAULTS[kind]
-    allowed = required | set(optional)
-    params: dict[str, float] = dict(optional)
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or key not in allowed:
-            raise ValueError(f"fault {spec!r}: unexpected {item!r}; {kind} takes {sorted(allowed)}")
-        try:
-            params[key] = float(int(value, 0)) if key in _INT_PARAMS else float(value)
-        except ValueError:
-            whole = "a whole number" if key in _INT_PARAMS else "a number"
-            raise ValueError(f"fault {spec!r}: {key} must be {whole}, got {value!r}") from None
-    missing = required - set(params)
-    if missing:
-        raise ValueError(f"fault {spec!r}: missing {sorted(missing)}")
-    step, rank = int(params.pop("step")), int(params.pop("rank", -1))
-    if step < 0 or (rank < 0 and "rank" in required) or rank < -1:
-        raise ValueError(f"fault {spec!r}: step and rank must be >= 0")
-    _check_range(spec, params)
-    return Fault(kind, step, rank, params)
+    return faultspec.parse_fault(spec, FAULTS)
 
 
-# Parameter -> (low, high, the range in words): low < value <= high. Finite and bounded, so
-# that no value overflows: a spike's factor is squared into the gradient norms, and a
-# stall's seconds advance the clock that the daily drift takes the sine of.
-FAULT_LIMITS = {
-    "slowdown": (0, 10, "in (0, 10]"),
-    "grad_factor": (1, 1e6, "in (1, 1e6]"),
-    "factor": (1, 1e3, "in (1, 1000]"),
-    "seconds": (0, 7 * 86_400, "in (0, 604800] (a week)"),
-    "clock_drop": (0, 0.99, "in (0, 0.99]"),
-    "reasons": (0, 2**32 - 1, "a bitmask in [1, 2^32)"),
-}
-
-
-def _check_range(spec: str, p: dict[str, float]) -> None:
-    for key, value in p.items():
-        low, high, words = FAULT_LIMITS[key]
-        if not (low < value <= high) or (key == "reasons" and value != int(value)):
-            raise ValueError(f"fault {spec!r}: {key} must be {words}, got {value:g}")
+def _detail(f: Fault) -> str:
+    """A fault's events row detail: its parameters other than rank and step, as JSON."""
+    return json.dumps(f.params, sort_keys=True)
 
 
 @dataclass
@@ -501,7 +469,7 @@ class _Fleet:
                 "step": [f.step for f in events],
                 "rank": [f.rank for f in events],
                 "kind": [f"fault:{f.kind}" for f in events],
-                "detail": [f.detail() for f in events],
+                "detail": [_detail(f) for f in events],
                 "time_unix_s": [self.now] * len(events),
             }
         return tables
