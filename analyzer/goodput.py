@@ -36,6 +36,9 @@ import numpy as np
 
 from .stall import StallSettings, is_stall
 
+# The event kinds goodput reads: a store's readers select these and no others.
+EVENT_KINDS = ("restart", "checkpoint", "checkpoint_stall", "action:fence", "action:rollback")
+
 
 @dataclass(frozen=True)
 class Goodput:

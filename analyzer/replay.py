@@ -29,7 +29,7 @@ from trainvitals.schema import EVENTS, HEARTBEATS, LAYERS, RANKS, RUNS, STEPS
 from .alerts import Alert
 from .config import AnalyzerConfig
 from .engine import Analyzer
-from .goodput import Goodput, goodput
+from .goodput import EVENT_KINDS, Goodput, goodput
 from .liveness import HANG, RANK_LOST, LivenessSettings, Watchdog
 from .source import Window, analyze
 
@@ -133,8 +133,8 @@ def store_goodput(con: duckdb.DuckDBPyConnection) -> list[Goodput]:
         ).to_arrow_table()
         events = con.sql(
             "SELECT step, kind, detail, time_unix_s FROM events WHERE run_id = $1 "
-            "AND kind IN ('restart', 'checkpoint') ORDER BY time_unix_s",
-            params=[run_id],
+            "AND list_contains($2, kind) ORDER BY time_unix_s",
+            params=[run_id, list(EVENT_KINDS)],
         ).to_arrow_table()
         out.append(goodput(run_id, steps.to_pydict(), events.to_pydict()))
     return out

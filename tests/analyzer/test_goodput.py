@@ -85,3 +85,25 @@ def test_a_cause_costs_at_most_what_its_gap_holds() -> None:
     assert (g.checkpoints, g.checkpoint_s) == (2, pytest.approx(30))
     assert (g.wall_s, g.productive_s) == (pytest.approx(130), pytest.approx(100))
     assert 0 <= g.ratio <= 1
+
+
+def test_an_async_checkpoint_costs_its_stall_and_supervisor_actions_are_counted() -> None:
+    # 1 s steps; an async save stalls step 50's gap by 2 s, and completes 10 s later with
+    # nothing held up. The supervisor fences a node and rolls back 12 steps.
+    steps = _steady(100)
+    steps["time_unix_s"] = [t + (2 if s > 50 else 0) for s, t in enumerate(steps["time_unix_s"])]
+    events = {
+        "step": [50, 50, 70, 70],
+        "kind": ["checkpoint_stall", "checkpoint", "action:fence", "action:rollback"],
+        "detail": [
+            '{"stall_s": 2}',
+            '{"stall_s": 2, "save_s": 10, "async": true}',
+            '{"node": "node1"}',
+            '{"redone_steps": 12}',
+        ],
+        "time_unix_s": [T0 + 50.5, T0 + 61.5, T0 + 70.5, T0 + 70.6],
+    }
+    g = goodput("r", steps, events)
+    assert (g.checkpoints, g.checkpoint_s) == (1, pytest.approx(2))
+    assert (g.fences, g.rollbacks, g.rolled_back_steps) == (1, 1, 12)
+    assert g.summary().endswith("; supervisor: 1 node(s) fenced, 1 rollback(s) of 12 steps")
