@@ -34,6 +34,7 @@ import heapq
 import math
 import statistics
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,47 @@ class Watchdog:
         if run_id in self._runs:
             self._order += 1
             self._runs[run_id].pending.append((time_unix_s, self._order, ()))
+
+    def restore(
+        self, run_id: str, heartbeats: Any, now_s: float, open_episodes: Sequence[Alert] = ()
+    ) -> None:
+        """Rebuild a run's state after a restart of the collector at `now_s`.
+
+        `heartbeats`: stored ones received before the restart (schema.HEARTBEATS with
+        received_unix_s): at least each rank's latest, and the first receipt of each of the
+        last `window` completed steps, from which the typical step time is learned again.
+        `open_episodes`: its rank_lost and hang alerts that were raised and not resolved.
+        No deadline before `now_s` fires: the collector heard nothing while it was down, so
+        that silence is nobody's. A rank silent for `silence_s` before the collector's last
+        receipt went silent while it listened and stays lost; every other rank counts as
+        heard at `now_s`, and the hang clock starts again there (a hang that began before
+        the restart is named a full threshold after it). Replaying the store judges the
+        downtime as silence instead (analyzer/replay.py knows nothing of the restart).
+        """
+        cols = heartbeats.select(
+            ["received_unix_s", "rank", "host", "step_started", "step_finished", "phase"]
+        ).to_pydict()
+        rows = sorted(zip(*cols.values(), strict=True), key=lambda row: (row[0], row[1]))
+        if not rows:
+            return
+        run = self._runs[run_id] = self._fresh(rows[0][0], [])
+        for received_s, *item in rows:
+            self._heard(run_id, run, received_s, *item)  # deadlines are judged below
+        last_s = rows[-1][0]
+        run.deadlines.clear()
+        for rank, r in run.ranks.items():
+            if r.heard_s < last_s - self.settings.silence_s:
+                r.gone = True
+            elif not r.gone:
+                heapq.heappush(run.deadlines, (now_s + self.settings.silence_s, rank, r.heard_s))
+        if not math.isnan(run.progress_s):
+            run.progress_s = max(run.progress_s, now_s)
+        for alert in open_episodes:
+            if alert.kind == RANK_LOST:
+                run.lost = alert
+            elif alert.kind == HANG:
+                run.hang = alert
+        run.done_s = now_s
 
     def open_runs(self) -> list[str]:
         """Runs that have not ended."""

@@ -34,11 +34,32 @@ class FastJSONResponse(JSONResponse):
         return orjson.dumps(content)
 
 
+def _rebuild(watchdog: LiveWatchdog) -> None:
+    """Restore the watchdog's runs from the store; a failure is logged and counted in its
+    errors, and the collector starts without them (they are judged from their next
+    heartbeats)."""
+    try:
+        restored = watchdog.rebuild()
+    except Exception:
+        logging.getLogger(__name__).exception(
+            "could not rebuild the liveness watchdog from the store"
+        )
+        watchdog.errors += 1
+        return
+    if restored:
+        logging.getLogger(__name__).info(
+            "liveness watchdog: %d live run(s) restored from the store", len(restored)
+        )
+
+
 def create_app(
-    settings: Settings | None = None, analysis_clock: Callable[[], float] = time.monotonic
+    settings: Settings | None = None,
+    analysis_clock: Callable[[], float] = time.monotonic,
+    watchdog_clock: Callable[[], float] = time.time,
 ) -> FastAPI:
     """analysis_clock: when a committed step is due for the live analysis (tests hold it
-    still, and `Store.flush` analyses what is committed)."""
+    still, and `Store.flush` analyses what is committed); watchdog_clock: the liveness
+    watchdog's Unix time (collector/watchdog.py)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -62,9 +83,12 @@ def create_app(
         app.state.store = store
         # Liveness is judged on the clock, apart from the steps (collector/watchdog.py).
         app.state.watchdog = (
-            None if settings.replay else LiveWatchdog(store, settings=config.liveness)
+            None
+            if settings.replay
+            else LiveWatchdog(store, settings=config.liveness, clock=watchdog_clock)
         )
         if app.state.watchdog is not None:
+            _rebuild(app.state.watchdog)  # the runs live before a restart (watchdog.py)
             app.state.watchdog.start()
         try:
             yield

@@ -16,6 +16,11 @@ only up to `lag_s` ago means every heartbeat received by then has been taken, so
 watchdog sees the heartbeats in receive order, as a replay of the store does, and both
 raise the same alerts. A hand-over later than `lag_s` (an overloaded collector) is counted
 in `Watchdog.late` and judged when it arrives. Cost: alerts come `lag_s` later.
+
+At start-up `rebuild` restores the state of the runs that were live when the store was
+last written, from their stored heartbeats and open liveness episodes (Watchdog.restore):
+a rank that crashed while the collector was down is still named, and the typical step
+time behind the hang threshold is known at once, not after five more steps.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 import pyarrow as pa
 
-from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
+from trainvitals.analyzer.alerts import RESOLVED, Alert
+from trainvitals.analyzer.liveness import HANG, RANK_LOST, LivenessSettings, Watchdog
+from trainvitals.schema import HEARTBEATS
 
 from .analysis import AlertLog
 from .store import Store, StoreError
@@ -101,6 +109,45 @@ class LiveWatchdog:
     def _count_failure(self, done: Any) -> None:
         if done.exception() is not None:  # the writer logged it; the rows are lost
             self.errors += 1
+
+    def rebuild(self) -> list[str]:
+        """Restore every run heard within `forget_s` that has not ended, from the store
+        (before `start`). The rows read per run: each rank's latest heartbeat and the first
+        receipt of each of its last `window` completed steps, so the cost does not grow
+        with the run's length. Returns the runs restored."""
+        cfg = self.watchdog.settings
+        now_s = self.clock()
+        cols = ", ".join(f.name for f in HEARTBEATS.fields)  # received_unix_s among them
+        alert_cols = ", ".join(f.name for f in fields(Alert))
+        live = self.store.query(
+            "SELECT run_id, max(received_unix_s) AS last_s FROM heartbeats GROUP BY run_id "
+            "HAVING max(received_unix_s) > ? ORDER BY run_id",
+            [now_s - cfg.forget_s],
+        ).to_pylist()
+        restored = []
+        for row in live:
+            run_id, since_s = row["run_id"], row["last_s"] - cfg.forget_s
+            state = self.store.state.runs.get(run_id)
+            if state is not None and state.ended_unix_s is not None:
+                continue  # a run_end event: it never alarms again
+            heartbeats = self.store.query(
+                f"SELECT {cols} FROM heartbeats WHERE run_id = ? AND received_unix_s > ? "
+                "QUALIFY row_number() OVER (PARTITION BY rank ORDER BY received_unix_s DESC) = 1 "
+                f"UNION SELECT * FROM (SELECT {cols} FROM heartbeats WHERE run_id = ? AND "
+                "received_unix_s > ? QUALIFY row_number() OVER (PARTITION BY step_finished "
+                "ORDER BY received_unix_s, rank) = 1 ORDER BY step_finished DESC LIMIT ?)",
+                [run_id, since_s, run_id, since_s, cfg.window + 1],
+            )
+            last = self.store.query(
+                f"SELECT {alert_cols} FROM alerts WHERE run_id = ? AND kind IN (?, ?) "
+                "QUALIFY row_number() OVER (PARTITION BY kind ORDER BY step DESC) = 1",
+                [run_id, RANK_LOST, HANG],
+            ).to_pylist()
+            episodes = [Alert(**a) for a in last if a["severity"] != RESOLVED]
+            with self._lock:
+                self.watchdog.restore(run_id, heartbeats, now_s, episodes)
+            restored.append(run_id)
+        return restored
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="trainvitals-watchdog", daemon=True)

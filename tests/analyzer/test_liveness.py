@@ -207,3 +207,42 @@ def test_the_typical_step_time_sets_the_hang_threshold() -> None:
 def test_bad_settings_are_refused_by_name(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"liveness.{field} "):
         LivenessSettings(**{field: value})
+
+
+def _table(rows: list[tuple[float, int, int]]):
+    """Heartbeats of run r1: (receive time, rank, last finished step), phase forward."""
+    cols = {
+        "rank": [r for _, r, _ in rows],
+        "time_unix_s": [t for t, _, _ in rows],
+        "host": [f"node{r}" for _, r, _ in rows],
+        "step_started": [f + 1 for _, _, f in rows],
+        "step_finished": [f for _, _, f in rows],
+        "phase": ["forward"] * len(rows),
+    }
+    table = heartbeats_to_arrow({"schema_version": 1, "run_id": "r1", "heartbeats": cols}, 0.0)[1]
+    return table.set_column(
+        table.schema.get_field_index("received_unix_s"),
+        "received_unix_s",
+        [[t for t, _, _ in rows]],
+    )
+
+
+def test_a_restored_open_episode_is_not_raised_again_and_resolves() -> None:
+    # Before a collector restart at t=500: ranks 0-2 finished a step every 2 s until t=20;
+    # rank 2 then went silent and was named (rank_lost, still open); ranks 0 and 1 went on
+    # without progress until t=100. Restored, rank 2 stays lost without a second alert,
+    # and the next completed step resolves the episode.
+    live = Watchdog()
+    rows = [(2.0 * k, r, k) for k in range(11) for r in range(3)]
+    rows += [(20.0 + 2 * k, r, 10) for k in range(1, 41) for r in (0, 1)]
+    live.observe("r1", _table(rows))
+    (lost,) = live.advance(100.0)
+    assert (lost.kind, lost.rank) == ("rank_lost", 2)
+
+    dog = Watchdog()
+    dog.restore("r1", _table(rows), now_s=500.0, open_episodes=[lost])
+    dog.observe("r1", _table([(500.0 + 2 * k, r, 10) for k in range(1, 6) for r in (0, 1)]))
+    assert dog.advance(510.0) == []  # rank 2 is not named again; 0 and 1 are heard
+    dog.observe("r1", _table([(512.0, 0, 11), (512.0, 1, 11)]))
+    (resolved,) = dog.advance(513.0)
+    assert resolved.resolves and (resolved.kind, resolved.rank) == ("rank_lost", 2)

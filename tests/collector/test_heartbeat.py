@@ -122,3 +122,61 @@ def test_replay_of_the_stored_heartbeats_raises_the_live_alerts(client) -> None:
     replayed = [a.to_dict() for a in replay_liveness(store.cursor())]
     assert sorted(map(comparable, replayed)) == sorted(map(comparable, live))
     assert [a["time_unix_s"] for a in replayed] == [a["time_unix_s"] for a in live]
+
+
+def _beats(run_id: str, ranks: list[int], finished: int, received_s: float):
+    """A validated heartbeat table of `ranks`, stamped as received at `received_s`."""
+    from trainvitals.schema import heartbeats_to_arrow
+
+    doc = beat(
+        ranks=ranks,
+        time_unix_s=[received_s] * len(ranks),
+        step_started=[finished + 1] * len(ranks),
+        step_finished=[finished] * len(ranks),
+    )
+    return heartbeats_to_arrow({**doc, "run_id": run_id}, received_s)[1]
+
+
+def test_a_restarted_collector_rebuilds_the_watchdog_from_the_stored_heartbeats(
+    settings,
+) -> None:
+    # Two runs of 3 ranks finish a step every 5 s until t0 + 50, when the collector stops.
+    # It starts again at t0 + 1000 on the same store. In run a, rank 2 crashed while it was
+    # down; in run b every rank is alive but no step completes any more. Without the
+    # stored state the new watchdog never heard of rank 2 (it would never be named) and
+    # would wait first_step_s (600 s) for a hang; rebuilt, it names rank 2 and raises the
+    # hang at 10 x the 5 s learned before the restart.
+    from fastapi.testclient import TestClient
+
+    from trainvitals.collector.main import create_app
+
+    t0 = 1_700_000_000.0
+    now = [t0]
+    clock = lambda: now[0]  # noqa: E731
+    with TestClient(create_app(settings, watchdog_clock=clock)) as client:
+        watchdog = client.app.state.watchdog
+        for k in range(11):
+            now[0] = t0 + 5 * k
+            for run_id in ("a", "b"):
+                watchdog.observe(run_id, _beats(run_id, [0, 1, 2], k, now[0]))
+            watchdog.tick()
+        assert client.app.state.store.query("SELECT * FROM alerts").num_rows == 0
+    now[0] = t0 + 1000
+    with TestClient(create_app(settings, watchdog_clock=clock)) as client:
+        watchdog = client.app.state.watchdog
+        assert sorted(watchdog.watchdog.open_runs()) == ["a", "b"]
+        assert watchdog.tick() == []  # the downtime is nobody's silence
+        for k in range(1, 13):  # heartbeats go on, no step completes
+            now[0] = t0 + 1000 + 5 * k
+            watchdog.observe("a", _beats("a", [0, 1], 10, now[0]))
+            watchdog.observe("b", _beats("b", [0, 1, 2], 10, now[0]))
+            watchdog.tick()
+        alerts = client.app.state.store.query(
+            "SELECT run_id, kind, rank, baseline, time_unix_s FROM alerts ORDER BY run_id"
+        ).to_pylist()
+    (lost, hang) = alerts
+    assert (lost["run_id"], lost["kind"], lost["rank"]) == ("a", "rank_lost", 2)
+    assert lost["time_unix_s"] == t0 + 1000 + 10  # silence_s after the restart
+    assert (hang["run_id"], hang["kind"]) == ("b", "hang")
+    assert hang["baseline"] == 50.0  # 10 x the 5 s per step learned before the restart
+    assert hang["time_unix_s"] == t0 + 1000 + 50
