@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -73,6 +75,8 @@ def run(args: argparse.Namespace, job_argv: list[str]) -> int | str:
         poll_s=args.poll_s,
         wake=wake,
     )
+    # SIGTERM unwinds like Ctrl-C, so the agents (in sessions of their own) are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return sup.run()
     finally:
