@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
@@ -48,6 +50,50 @@ def _columns(table: pa.Table) -> dict[str, list]:
     for name, values in table.to_pydict().items():
         out[name] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in values]
     return out
+
+
+class _ResponseCache:
+    """Answers of the heavy grid queries, kept until the store commits again.
+
+    A dashboard refresh asks the same questions as the one before; a view over a long,
+    wide run scans millions of per-rank rows (1,000,000 steps x 1,024 ranks: seconds on
+    2 loaded cores, bench/dashboard_scale.py). An answer is valid while the store has
+    committed nothing since it was computed (a replayed store never commits). Bounded:
+    the least recently used answer goes first; an answer is at most a few MB.
+    """
+
+    MAX_ENTRIES = 64
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, store: Store, key: tuple, compute: Callable[[], Any]) -> Any:
+        version = _store_version(store)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None and hit[0] == version:
+                self._entries.move_to_end(key)
+                return hit[1]
+        value = compute()
+        with self._lock:
+            self._entries[key] = (version, value)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.MAX_ENTRIES:
+                self._entries.popitem(last=False)
+        return value
+
+
+def _store_version(store: Store) -> Any:
+    """Changes whenever the store commits; constant for a read-only (replayed) store."""
+    if getattr(store, "read_only", False):
+        return ("read-only", id(store))
+    state = getattr(store, "state", None)
+    stats = getattr(state, "stats", None)
+    return (id(store), getattr(stats, "commits", None), getattr(stats, "written_batches", None))
+
+
+_cache = _ResponseCache()
 
 
 def _require_run(store: Store, run_id: str) -> None:
@@ -170,6 +216,26 @@ def _grid(
     keys: list[int] | None = None,
 ) -> dict[str, Any]:
     start, end, bucket = _step_window(store, run_id, start, end, max_steps)
+    cache_key = (table, key, metric, run_id, start, end, bucket, agg, tuple(keys or ()))
+    return _cache.get(
+        store,
+        cache_key,
+        lambda: _grid_query(store, table, key, metric, run_id, start, end, bucket, agg, keys),
+    )
+
+
+def _grid_query(
+    store: Store,
+    table: str,
+    key: str,
+    metric: str,
+    run_id: str,
+    start: int,
+    end: int,
+    bucket: int,
+    agg: Agg,
+    keys: list[int] | None,
+) -> dict[str, Any]:
     only = f"AND list_contains(?, {key})" if keys else ""
     result = store.query(
         f"""
@@ -280,8 +346,7 @@ def node_series(
     names = sorted(set(hosts))
     position = {h: i for i, h in enumerate(names)}
     node_of = [position[h] for h in hosts]
-    result = store.query(
-        f"""
+    sql = f"""
         WITH node_of AS (SELECT unnest(?::BIGINT[]) AS node,
                                 generate_subscripts(?::BIGINT[], 1) - 1 AS rank),
         per_step AS (
@@ -290,9 +355,10 @@ def node_series(
             WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY step, node)
         SELECT ? + (step - ?) // ? * ? AS step, node, {_AGG_SQL[agg]}(v) AS value
         FROM per_step GROUP BY 1, 2 ORDER BY 1, 2
-        """,
-        [node_of, node_of, run_id, start, end, start, start, bucket, bucket],
-    )
+        """
+    params = [node_of, node_of, run_id, start, end, start, start, bucket, bucket]
+    key = ("nodes", metric, run_id, start, end, bucket, agg)
+    result = _cache.get(store, key, lambda: store.query(sql, params))
     counts = [0] * len(names)
     for n in node_of:
         counts[n] += 1
@@ -316,16 +382,17 @@ def node_summary(run_id: str, store: StoreDep, start: Start = 0, end: End = None
     node_of = [position[h] for h in hosts]
     per_step = ", ".join(f"{_NODE_AGG[m]}({m}) AS {m}" for m in _NODE_METRICS)
     means = ", ".join(f"avg({m}) AS {m}" for m in _NODE_METRICS)
-    result = store.query(
-        f"""
+    sql = f"""
         WITH node_of AS (SELECT unnest(?::BIGINT[]) AS node,
                                 generate_subscripts(?::BIGINT[], 1) - 1 AS rank),
         per_step AS (
             SELECT step, node, {per_step} FROM ranks JOIN node_of USING (rank)
             WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY step, node)
         SELECT node, {means} FROM per_step GROUP BY node ORDER BY node
-        """,
-        [node_of, node_of, run_id, start, end],
+        """
+    params = [node_of, node_of, run_id, start, end]
+    result = _cache.get(
+        store, ("node_summary", run_id, start, end), lambda: store.query(sql, params)
     )
     columns = _columns(result)
     counts = [0] * len(names)
@@ -346,33 +413,15 @@ def run_hosts(run_id: str, store: StoreDep) -> dict[str, Any]:
     return {"hosts": _hosts(store, run_id)}
 
 
-# Goodput of a run, keyed on what it is computed from: (rows, last step, last time, events).
-# A warm collector answers a refresh of a long run without recomputing it (1,000,000 steps
-# take about a second).
-_goodput_cache: dict[str, tuple[tuple, dict[str, Any]]] = {}
-_goodput_lock = threading.Lock()
-
-
 @router.get("/runs/{run_id}/goodput")
 def run_goodput(run_id: str, store: StoreDep) -> dict[str, Any]:
     """The run's goodput as the analyzer defines it (analyzer/goodput.py), the figure
     `trainvitals replay` prints: wall time, productive time, ratio and what was lost."""
     _require_run(store, run_id)
-    key = tuple(
-        store.query(
-            "SELECT (SELECT count(*) FROM steps WHERE run_id = ?), "
-            "(SELECT max(step) FROM steps WHERE run_id = ?), "
-            "(SELECT max(time_unix_s) FROM steps WHERE run_id = ?), "
-            "(SELECT count(*) FROM events WHERE run_id = ?)",
-            [run_id] * 4,
-        )
-        .to_pylist()[0]
-        .values()
-    )
-    with _goodput_lock:
-        cached = _goodput_cache.get(run_id)
-    if cached and cached[0] == key:
-        return cached[1]
+    return _cache.get(store, ("goodput", run_id), lambda: _goodput(store, run_id))
+
+
+def _goodput(store: Store, run_id: str) -> dict[str, Any]:
     steps = store.query(
         "SELECT step, time_unix_s, step_time_s FROM steps WHERE run_id = ? ORDER BY time_unix_s",
         [run_id],
@@ -384,10 +433,7 @@ def run_goodput(run_id: str, store: StoreDep) -> dict[str, Any]:
     )
     columns = {name: steps.column(name).to_numpy() for name in steps.column_names}
     doc = goodput(run_id, columns, events.to_pydict()).to_dict()
-    doc = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in doc.items()}
-    with _goodput_lock:
-        _goodput_cache[run_id] = (key, doc)
-    return doc
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in doc.items()}
 
 
 @router.get("/runs/{run_id}/alerts")

@@ -97,6 +97,7 @@ def drill_down(client: CollectorClient, run: RunSummary, window: Window) -> None
         st.caption("Pick up to 8 layers above to see their statistics as lines.")
         return
     steps = view_steps(window, run)
+    st.caption("Each point: the layer's max over a bucket of steps, so a spike survives.")
     columns = st.columns(len(METRICS))
     for column, metric in zip(columns, METRICS, strict=True):
         grid = client.layers(
@@ -111,7 +112,7 @@ def drill_down(client: CollectorClient, run: RunSummary, window: Window) -> None
                 frame,
                 "layer",
                 f"{metric.name[0].upper()}{metric.name[1:]}",
-                f"{metric.name} (max per {grid.bucket_steps} step(s))",
+                metric.name,
                 x=charts.step_x(steps),
             )
         )

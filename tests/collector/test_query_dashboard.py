@@ -117,3 +117,16 @@ def test_metrics_hold_job_power_energy_and_a_bounded_rank_power_summary(client) 
     stats = {s.labels["stat"]: s.value for s in families["trainvitals_rank_power_watts"].samples}
     # One series per statistic, whatever the number of ranks.
     assert stats == {"median": 150.0, "p99": pytest.approx(199.0), "max": 200.0}
+
+
+def test_a_cached_answer_is_not_served_once_the_store_has_more(client) -> None:
+    _post(client, make_batch(steps=range(3)))
+    window = {"start": 0, "end": 9, "max_steps": 10}
+    first = client.get("/api/v1/runs/r1/ranks", params=window).json()
+    assert client.get("/api/v1/runs/r1/ranks", params=window).json() == first
+    wall_s = client.get("/api/v1/runs/r1/goodput").json()["wall_s"]
+    _post(client, make_batch(steps=range(3, 6)))
+    assert client.get("/api/v1/runs/r1/ranks", params=window).json()["step"] == [
+        s for s in range(6) for _ in range(2)
+    ]
+    assert client.get("/api/v1/runs/r1/goodput").json()["wall_s"] == wall_s + 3  # 1 s a step

@@ -63,6 +63,16 @@ def _handler(canned: CannedCollector) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+@pytest.fixture(scope="session")
+def two_runs(tmp_path_factory) -> Iterator[str]:
+    """URL of a live collector holding runs "baseline" and "faulty" (two_runs.py)."""
+    from tests.dashboard.two_runs import start_two_runs
+
+    collector = start_two_runs(tmp_path_factory.mktemp("two_runs") / "store.duckdb")
+    yield collector.url
+    collector.stop()
+
+
 @pytest.fixture
 def canned_collector() -> Iterator[CannedCollector]:
     """A live HTTP server on 127.0.0.1 whose answers a test sets in `.routes`."""

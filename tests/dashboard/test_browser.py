@@ -140,5 +140,63 @@ def test_a_live_run_refreshes_without_a_reload_and_keeps_view_and_window(
         # The new step and alert show in the same view, over the same window (from step 2).
         page.get_by_text("Steps 2 to the latest (7).").wait_for(timeout=RENDER_TIMEOUT_MS)
         chart(page, "loss_spike")  # on the alert timeline
+        # The sidebar's step slider follows the run: its range reaches the new last step.
+        wait_until(
+            lambda: page.get_by_role("slider").last.get_attribute("aria-valuemax") == "7",
+            timeout_s=30,
+        )
         assert page.evaluate("window.notReloaded") is True
         assert page.get_by_role("radio", name="Health", checked=True).count() == 1
+
+
+def test_an_alert_marker_shows_its_message_and_opens_health_at_its_step(browser, two_runs) -> None:
+    from tests.dashboard.two_runs import STEPS
+
+    with dashboard(two_runs) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.goto(f"{url}/?run=faulty&view=Overview")
+        loss = chart(page, "Loss")
+        # The markers' triangles: one per alert or event, at the top of the plot.
+        triangles = loss.locator("g.mark-symbol.role-mark path")
+        wait_until(lambda: triangles.count() == 2, timeout_s=30)
+        spike = next(
+            t for t in triangles.all() if "loss_spike" in (t.get_attribute("aria-label") or "")
+        )
+        spike.hover()
+        tooltip = page.locator("#vg-tooltip-element")
+        tooltip.filter(has_text="loss_spike").wait_for(timeout=RENDER_TIMEOUT_MS)
+        assert "warning" in tooltip.inner_text()
+        spike.click()
+        # The marker's link, ?run=faulty&view=Health&step=225; the page then writes the
+        # window it opened back into the address bar.
+        page.wait_for_url("**run=faulty&view=Health**", timeout=RENDER_TIMEOUT_MS)
+        page.get_by_role("radio", name="Health", checked=True).wait_for(timeout=RENDER_TIMEOUT_MS)
+        timeline = chart(page, "Alerts and events")
+        assert timeline.locator("g.mark-symbol.role-mark path").count() == 1  # the spike
+        page.get_by_text(f"Steps 0 to the latest ({STEPS[-1]})").wait_for(timeout=RENDER_TIMEOUT_MS)
+
+
+def test_a_deep_link_compares_runs_and_the_drill_down_follows_layers(browser, two_runs) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with dashboard(two_runs) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.goto(f"{url}/?run=faulty&view=Compare")
+        loss = chart(page, "Loss")
+        lines = loss.locator("g.mark-line.role-mark path")
+        wait_until(lambda: lines.count() == 2, timeout_s=30)  # one line per run
+        page.screenshot(path=ARTIFACTS / "compare.png", full_page=True)
+
+        page.get_by_role("radio", name="Layers").click()
+        page.get_by_text("Pick up to 8 layers").wait_for(timeout=RENDER_TIMEOUT_MS)
+        page.get_by_test_id("stMultiSelect").filter(has_text="Layers to follow").click()
+        page.get_by_role("option", name="block.1").click()
+        page.keyboard.press("Escape")
+        # The drill-down's line charts (the heatmaps above them draw no line), one per
+        # statistic the run reported (no update RMS here), each the chosen layer's line.
+        lines = page.get_by_test_id("stVegaLiteChart").locator("g.mark-line.role-mark path")
+        try:
+            wait_until(lambda: lines.count() == 2, timeout_s=30)
+        finally:
+            page.screenshot(path=ARTIFACTS / "layers-drill-down.png", full_page=True)
+        page.get_by_test_id("stVegaLiteChart").filter(has_text="block.1").first.wait_for()
+        assert "view=Layers" in page.url  # the address bar follows the view

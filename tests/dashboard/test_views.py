@@ -1,73 +1,17 @@
 """Markers, deep links, run comparison, layer drill-down and the node view, in AppTest
-against a real collector (subprocess, DuckDB store) holding two runs sent through ingest.
-
-The runs log every LOG_EVERY steps, as hooks do by default; "faulty" has a loss spike the
-collector's analyzer turns into an alert, and an injected-fault event.
-"""
+against a real collector (subprocess, DuckDB store) holding two runs sent through ingest
+(tests/dashboard/two_runs.py, fixture `two_runs`)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-
-import httpx
 import pytest
 
-from tests.conftest import CollectorProcess, wait_until
 from tests.dashboard.test_app import chart_data, chart_specs, run_app, texts, titles
+from tests.dashboard.two_runs import LOG_EVERY, SPIKE_STEP, STEPS
 from trainvitals.dashboard.compare import AXIS_KEY, SMOOTH_KEY
 from trainvitals.dashboard.layers import DRILL_KEY
 from trainvitals.dashboard.nodes import NODE_KEY
 from trainvitals.dashboard.state import SLIDER_KEY, VIEW_KEY, jump_for
-from trainvitals.schema import BatchBuilder
-
-LOG_EVERY = 5
-STEPS = range(0, 300, LOG_EVERY)
-SPIKE_STEP, FAULT_STEP = 225, 100
-HOSTS = ["node-b", "node-a", "node-b", "node-a"]
-LAYER_NAMES = ["emb", "block.0", "block.1"]
-
-
-def run_batch(run_id: str, spike: bool, started: float) -> BatchBuilder:
-    b = BatchBuilder(run_id)
-    b.append("runs", started_unix_s=started, model="m", model_config_json="{}", n_params=1000,
-             n_layers=3, layer_names_json=json.dumps(LAYER_NAMES), world_size=4, dp=4, tp=1,
-             device_type="cpu", device_name="cpu", hosts_json=json.dumps(HOSTS),
-             flops_per_token=6000.0, peak_flops_per_s=1e12, peak_flops_source="given")  # fmt: skip
-    for step in STEPS:
-        loss = 3.0 - 0.001 * step + (6.0 if spike and step == SPIKE_STEP else 0.0)
-        b.append("steps", step=step, time_unix_s=started + 1 + step, loss=loss, grad_norm=1.0,
-                 lr=1e-3, tokens=512, step_time_s=1.0, tokens_per_s=512.0,
-                 tflops_per_s_per_device=1.9e-4, mfu_ratio=0.2, power_w=400.0,
-                 energy_j=400.0 * (step + 1))  # fmt: skip
-        for layer in range(3):
-            b.append("layers", step=step, layer=layer, grad_norm=0.1 * (layer + 1), act_rms=1.0)
-        for rank in range(4):
-            b.append("ranks", step=step, rank=rank, step_time_s=1.0, tokens_per_s=128.0,
-                     loss=loss, compute_time_s=0.5 + 0.1 * rank, wait_time_s=0.1,
-                     power_w=100.0)  # fmt: skip
-    if spike:
-        b.append("events", step=FAULT_STEP, rank=1, kind="fault:straggler", detail="{}",
-                 time_unix_s=started + 1 + FAULT_STEP)  # fmt: skip
-    return b
-
-
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory) -> Iterator[str]:
-    """URL of a live collector holding runs "baseline" (older) and "faulty" (newer)."""
-    c = CollectorProcess(tmp_path_factory.mktemp("views") / "store.duckdb")
-    for run_id, spike, started in (("baseline", False, 1000.0), ("faulty", True, 5000.0)):
-        body = run_batch(run_id, spike, started).to_json()
-        assert httpx.post(f"{c.url}/api/v1/ingest", content=body, timeout=30).status_code == 202
-
-    def stored() -> bool:
-        alerts = httpx.get(f"{c.url}/api/v1/runs/faulty/alerts", timeout=5)
-        runs = httpx.get(f"{c.url}/api/v1/runs", timeout=5).json()
-        return alerts.status_code == 200 and bool(alerts.json()) and len(runs) == 2
-
-    wait_until(stored, timeout_s=60)
-    yield c.url
-    c.stop()
 
 
 def all_layers(spec: dict) -> list[dict]:
