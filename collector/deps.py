@@ -6,6 +6,7 @@ from fastapi import Request
 
 from trainvitals.analyzer.live import LiveAnalysis
 
+from .decoding import Decoder
 from .settings import Settings
 from .store import Store
 from .watchdog import LiveWatchdog
@@ -27,3 +28,8 @@ def get_watchdog(request: Request) -> LiveWatchdog | None:
 def get_analysis(request: Request) -> LiveAnalysis | None:
     """The live analysis behind the writer; None in replay mode."""
     return getattr(request.app.state, "analysis", None)
+
+
+def get_decoder(request: Request) -> Decoder:
+    """Where bodies are decoded: large ones in a worker process (decoding.py)."""
+    return request.app.state.decoder

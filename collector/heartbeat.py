@@ -18,15 +18,16 @@ microseconds), not on the thread pool, whose hand-off would cost more.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from trainvitals.schema import SchemaError, heartbeats_to_arrow
 
-from .deps import get_settings, get_store, get_watchdog
+from .decoding import Decoder, DecoderLost
+from .deps import get_decoder, get_settings, get_store, get_watchdog
 from .ingest import read_body, writable_decoder
 from .settings import Settings
 from .store import Store
@@ -34,10 +35,17 @@ from .watchdog import LiveWatchdog
 
 router = APIRouter(tags=["heartbeats"])
 # Bodies up to this size are decoded on the event loop (a heartbeat is a few hundred bytes;
-# 64 KiB, a few hundred ranks' batch, decodes in about a millisecond); larger ones go to
-# the thread pool, as ingest's do: a 32 MB batch held the loop for seconds.
+# 64 KiB, a few hundred ranks' batch, decodes in about a millisecond); larger ones go where
+# ingest's do (decoding.py): a 32 MB batch held the loop for seconds.
 _ON_LOOP_BYTES = 64 * 1024
 PATH = "/api/v1/heartbeats"
+
+
+def decode_heartbeats(
+    body: bytes, decode: Callable[[bytes], Any], received_unix_s: float
+) -> tuple[str, Any]:
+    """(run_id, pyarrow.Table) of a heartbeat batch; SchemaError naming what is wrong."""
+    return heartbeats_to_arrow(decode(body), received_unix_s)
 
 
 @router.post(PATH, status_code=202)
@@ -46,6 +54,7 @@ async def heartbeats(
     settings: Annotated[Settings, Depends(get_settings)],
     store: Annotated[Store, Depends(get_store)],
     watchdog: Annotated[LiveWatchdog | None, Depends(get_watchdog)],
+    decoder: Annotated[Decoder, Depends(get_decoder)],
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     """Take a batch of heartbeats for the watchdog and the store. 202 once taken."""
@@ -59,11 +68,11 @@ async def heartbeats(
         if len(body) <= _ON_LOOP_BYTES:
             run_id, table = heartbeats_to_arrow(decode(body), received_unix_s)
         else:  # a large batch (a proxy's, or a crafted one) must not stall the event loop
-            run_id, table = await run_in_threadpool(
-                lambda: heartbeats_to_arrow(decode(body), received_unix_s)
-            )
+            run_id, table = await decoder.run(decode_heartbeats, body, decode, received_unix_s)
     except SchemaError as e:
         raise HTTPException(422, str(e)) from e
+    except DecoderLost as e:
+        raise HTTPException(503, str(e), headers={"Retry-After": "1"}) from e
     if watchdog is None:
         raise HTTPException(503, "the collector is not running its watchdog")
     watchdog.observe(run_id, table)  # stored with the others at its next tick

@@ -20,7 +20,8 @@ from fastapi.concurrency import run_in_threadpool
 
 from trainvitals.schema import SchemaError, decode_json, decode_msgpack, to_arrow
 
-from .deps import get_settings, get_store
+from .decoding import Decoder, DecoderLost
+from .deps import get_decoder, get_settings, get_store
 from .limits import GzipError, OverBudget, TooLarge, gunzip, reserve_for
 from .settings import Settings
 from .store import Store, StoreError, Unavailable
@@ -114,21 +115,29 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise HTTPException(413, str(e)) from e
 
 
+def decode_batch(body: bytes, decode: Callable[[bytes], Any]) -> tuple[str, dict[str, Any]]:
+    """(run_id, {table: pyarrow.Table}) of a body; SchemaError naming what is wrong."""
+    return to_arrow(decode(body))
+
+
 @router.post("/api/v1/ingest", status_code=202)
 async def ingest(
     request: Request,
     settings: Annotated[Settings, Depends(get_settings)],
     store: Annotated[Store, Depends(get_store)],
+    decoder: Annotated[Decoder, Depends(get_decoder)],
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     """Store one schema batch (JSON or msgpack, optionally gzip). 202 once it is committed."""
     decode = writable_decoder(request, settings, store, authorization)
     body = await read_body(request, settings.max_body_bytes)
     try:
-        # CPU-bound: off the event loop.
-        run_id, tables = await run_in_threadpool(lambda: to_arrow(decode(body)))
+        # CPU-bound: off the event loop, in a worker process if large (decoding.py).
+        run_id, tables = await decoder.run(decode_batch, body, decode)
     except SchemaError as e:
         raise HTTPException(422, str(e)) from e
+    except DecoderLost as e:
+        raise HTTPException(503, str(e), headers={"Retry-After": "1"}) from e
     try:
         committed = store.submit(run_id, tables)
     except Unavailable as e:  # a full write queue, a full disk

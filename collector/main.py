@@ -20,6 +20,7 @@ from trainvitals.analyzer import Analyzer
 
 from . import heartbeat, ingest, metrics, otlp, query
 from .analysis import follow
+from .decoding import Decoder
 from .limits import DecodeBudget
 from .middleware import CollectorMiddleware
 from .settings import Settings
@@ -80,6 +81,8 @@ def create_app(
         _warn_if_open(settings)
         app.state.settings = settings
         app.state.decode_budget = DecodeBudget(settings.max_decoding_bytes)
+        # Large bodies are decoded in a worker process, off this one's GIL (decoding.py).
+        app.state.decoder = Decoder(settings.decode_workers, settings.decode_in_process_bytes)
         app.state.store = store
         # Liveness is judged on the clock, apart from the steps (collector/watchdog.py).
         app.state.watchdog = (
@@ -95,6 +98,7 @@ def create_app(
         finally:
             if app.state.watchdog is not None:
                 app.state.watchdog.close()
+            app.state.decoder.close()
             store.close()  # drains the queue: a clean stop loses nothing already accepted
 
     app = FastAPI(

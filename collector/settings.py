@@ -36,6 +36,18 @@ class Settings(BaseSettings):
         description="bytes of request bodies read or decoded at once, all requests together; "
         "beyond: 503 with Retry-After (collector/limits.py). At least max_body_bytes",
     )
+    decode_workers: int = Field(
+        1,
+        ge=0,
+        description="processes that decode large bodies, so that decoding never holds the "
+        "event loop (collector/decoding.py); 0: every body is decoded in a thread",
+    )
+    decode_in_process_bytes: int = Field(
+        512 * 1024,
+        ge=0,
+        description="bodies smaller than this (after gzip) are decoded in a thread, not a "
+        "worker process: the hand-off would cost more",
+    )
     retention_days: float = Field(
         0,
         ge=0,

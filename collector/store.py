@@ -530,7 +530,18 @@ def _merged(batches: list[dict[str, pa.Table]]) -> dict[str, pa.Table]:
     for tables in batches:
         for name, arrow in tables.items():
             by_table.setdefault(name, []).append(arrow)
-    return {n: p[0] if len(p) == 1 else pa.concat_tables(p) for n, p in by_table.items()}
+    return {
+        n: p[0] if len(p) == 1 else _one_chunk(pa.concat_tables(p)) for n, p in by_table.items()
+    }
+
+
+def _one_chunk(table: pa.Table) -> pa.Table:
+    """`table` in one chunk if its chunks are small. DuckDB scans an Arrow table chunk by
+    chunk, at about 80 us a chunk: 3,000 batches of 4 rows took 251 ms to insert as they
+    came, 4.4 ms copied into one chunk first (0.6 ms for 256 batches). Large chunks cost
+    more to copy than to scan."""
+    chunks = max(c.num_chunks for c in table.columns) if table.num_columns else 0
+    return table.combine_chunks() if table.num_rows < chunks * 1024 else table
 
 
 @contextmanager

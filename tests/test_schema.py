@@ -142,3 +142,24 @@ def test_many_unknown_fields_are_named_by_a_few() -> None:
     with pytest.raises(SchemaError, match=r"f000019', '\.\.\. 9980 more'\]") as e:
         to_arrow(doc)
     assert len(str(e.value)) < 1000
+
+
+def _steps_columns(steps: list[int]) -> dict[str, list]:
+    n = len(steps)
+    floats = ("time_unix_s", "loss", "grad_norm", "step_time_s", "tokens_per_s",
+              "tflops_per_s_per_device", "mfu_ratio")  # fmt: skip
+    return {"step": steps, "tokens": [512] * n, **{f: [1.0] * n for f in floats}}
+
+
+def test_rows_of_several_runs_validate_at_once_with_keys_unique_per_run() -> None:
+    from trainvitals.schema import runs_to_arrow
+
+    table = runs_to_arrow("steps", ["a", "a", "b"], _steps_columns([0, 1, 0]))
+    assert table.column("run_id").to_pylist() == ["a", "a", "b"]
+    assert table.column("step").to_pylist() == [0, 1, 0]
+    with pytest.raises(SchemaError, match=r"2 rows have the same key \(run_id='b', step=1\)"):
+        runs_to_arrow("steps", ["a", "b", "b"], _steps_columns([0, 1, 1]))
+    with pytest.raises(SchemaError, match="run_id 'x/y' is not valid"):
+        runs_to_arrow("steps", ["a", "x/y"], _steps_columns([0, 1]))
+    with pytest.raises(SchemaError, match="steps: 1 run ids for 2 rows"):
+        runs_to_arrow("steps", ["a"], _steps_columns([0, 1]))

@@ -604,7 +604,21 @@ def to_arrow(doc: Any) -> tuple[str, dict[str, Any]]:
     return run_id, out
 
 
-def _table_to_arrow(spec: Table, columns: Any, run_id: str, pa: Any) -> Any:
+def runs_to_arrow(name: str, run_ids: list[str], columns: Any) -> Any:
+    """One table's rows of several runs (row i is run `run_ids[i]`'s; each run's rows
+    together), validated at once as `to_arrow` validates one run's: keys are unique within
+    a run, a runs row is one per run. A pyarrow.Table with a run_id column first, as
+    `to_arrow` gives. An OTLP request of 3,000 runs cost 1.3 s validated run by run (0.4 ms
+    each); at once, what one run of as many rows costs."""
+    import pyarrow as pa
+
+    for run_id in dict.fromkeys(run_ids):
+        check_run_id(run_id)
+    return _table_to_arrow(TABLES[name], columns, pa.array(run_ids, pa.string()), pa)
+
+
+def _table_to_arrow(spec: Table, columns: Any, run_id: Any, pa: Any) -> Any:
+    """`run_id`: the batch's (a str), or each row's (a pyarrow string array)."""
     if not isinstance(columns, dict):
         raise SchemaError(f"{spec.name}: must be an object of column name -> list")
     unknown = set(columns) - set(spec.by_name)
@@ -621,12 +635,15 @@ def _table_to_arrow(spec: Table, columns: Any, run_id: str, pa: Any) -> Any:
         raise SchemaError(f"{spec.name}: columns have different lengths {lengths}")
     n_rows = next(iter(lengths.values()), 0)
     # ... then each is checked against its declaration, with vectorised kernels.
-    arrays = [pa.repeat(pa.scalar(run_id, pa.string()), n_rows)]
+    by_run = not isinstance(run_id, str)
+    if by_run and len(run_id) != n_rows:
+        raise SchemaError(f"{spec.name}: {len(run_id)} run ids for {n_rows} rows")
+    arrays = [run_id if by_run else pa.repeat(pa.scalar(run_id, pa.string()), n_rows)]
     for f in spec.fields:
         arrays.append(_checked(f"{spec.name}.{f.name}", f, given.get(f.name), n_rows, pa))
     names = ["run_id", *(f.name for f in spec.fields)]
     table = pa.Table.from_arrays(arrays, names=names)
-    _check_unique_keys(spec, table)
+    _check_unique_keys(spec, table, by_run)
     return table
 
 
@@ -644,12 +661,18 @@ def _names(keys: set, shown: int = 20) -> list[str]:
     return names if len(names) <= shown else [*names[:shown], f"... {len(names) - shown} more"]
 
 
-def _check_unique_keys(spec: Table, table: Any) -> None:
+def _check_unique_keys(spec: Table, table: Any, by_run: bool = False) -> None:
     """SchemaError if two rows of one batch share a key: which one is right is unknowable,
     and the store would keep only the first. (A resend of stored rows is fine: that is a
-    later batch.)"""
+    later batch.) `by_run`: the rows are of several runs, each run's together."""
     keys = [k for k in spec.key if k != "run_id"]
-    if not keys and table.num_rows > 1:  # one row per run (runs): the batch is one run's
+    if by_run:  # the run's index (in order of appearance) leads the key
+        import pyarrow as pa
+
+        runs = table.column("run_id").combine_chunks().dictionary_encode().indices
+        table = table.append_column("_run", runs.cast(pa.int64()))
+        keys = ["_run", *keys]
+    elif not keys and table.num_rows > 1:  # one row per run (runs): the batch is one run's
         raise SchemaError(f"{spec.name}: {table.num_rows} rows for one run; send one")
     if table.num_rows < 2 or _strictly_ascending(table, keys):
         return  # the usual case, as producers send rows in key order
@@ -660,6 +683,9 @@ def _check_unique_keys(spec: Table, table: Any) -> None:
 
     dup = counts.filter(pc.greater(counts["count_all"], 1)).slice(0, 1).to_pylist()[0]
     n = dup.pop("count_all")
+    if by_run:  # name the run, not its index
+        first = pc.index(table.column("_run"), dup.pop("_run")).as_py()
+        dup = {"run_id": table.column("run_id")[first].as_py(), **dup}
     where = ", ".join(f"{k}={v!r}" for k, v in dup.items())
     raise SchemaError(f"{spec.name}: {n} rows have the same key ({where}); send each once")
 

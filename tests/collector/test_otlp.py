@@ -399,3 +399,42 @@ def test_a_request_of_more_runs_than_the_write_queue_holds_is_stored(tmp_path) -
         store.flush()
         runs = store.query("SELECT count(DISTINCT run_id) AS n, count(*) AS rows FROM steps")
         assert runs.to_pylist() == [{"n": 50, "rows": 100}]
+
+
+def test_the_runs_of_a_request_are_validated_together(monkeypatch) -> None:
+    """Each run of a request was validated on its own, 0.4 ms a run: 3,000 runs of one row
+    cost 4.4x a valid request's CPU per MB. A table is validated once, whatever the runs,
+    and split into a batch per run only then."""
+    from trainvitals import schema
+    from trainvitals.collector.otlp import _split_by_run, decode_and_pivot
+
+    validated: list[str] = []
+    real = schema._table_to_arrow
+
+    def counted(spec, *args):
+        validated.append(spec.name)
+        return real(spec, *args)
+
+    monkeypatch.setattr(schema, "_table_to_arrow", counted)
+    body = _steps_lacking_fields(300, n_runs=100, complete=True)
+    tables, rejected = decode_and_pivot(body, False)
+    assert validated == ["steps"] and rejected.points == 0
+    batches = _split_by_run(tables)
+    assert [run_id for run_id, _ in batches] == sorted(f"run-{i}" for i in range(100))
+    for run_id, by_table in batches:
+        steps = by_table["steps"]
+        assert steps.column("run_id").unique().to_pylist() == [run_id]
+        assert steps.column("step").to_pylist() == [0, 1, 2]
+
+
+def test_a_refused_row_among_many_runs_names_its_run_and_nothing_is_stored(client) -> None:
+    request = ExportMetricsServiceRequest.FromString(
+        _steps_lacking_fields(300, n_runs=100, complete=True)
+    )
+    (step_time,) = [m for m in request.resource_metrics[0].scope_metrics[0].metrics
+                    if m.name == "trainvitals.steps.step_time_s"]  # fmt: skip
+    step_time.gauge.data_points[250].as_double = math.inf  # run-50, step 2
+    r = client.post(URL, content=request.SerializeToString(), headers=PROTOBUF)
+    assert r.status_code == 400, r.text
+    assert status_message(r) == "run 'run-50': steps.step_time_s: values must be finite numbers"
+    assert counts(client) == NOTHING

@@ -28,3 +28,18 @@ def test_replay_refuses_a_folder_that_is_not_an_export(tmp_path, monkeypatch, co
         "layers, ranks, events, alerts, heartbeats); `trainvitals export STORE OUT` writes "
         "OUT/<table>/run_id=<id>/*.parquet. To serve a store, name its DuckDB file"
     )
+
+
+def test_a_group_of_small_batches_is_inserted_as_one_chunk() -> None:
+    """DuckDB scans an Arrow table chunk by chunk (about 80 us each): a group commit of
+    3,000 one-run batches of an OTLP request took 251 ms to insert, 4.4 ms in one chunk."""
+    import pyarrow as pa
+
+    from trainvitals.collector.store import _merged
+
+    small = [{"steps": pa.table({"step": [i, i + 1]})} for i in range(0, 512, 2)]
+    merged = _merged(small)["steps"]
+    assert merged.column("step").num_chunks == 1
+    assert merged.column("step").to_pylist() == list(range(512))
+    large = [{"steps": pa.table({"step": list(range(i, i + 4096))})} for i in (0, 4096)]
+    assert _merged(large)["steps"].column("step").num_chunks == 2  # not copied
