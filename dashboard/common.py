@@ -122,13 +122,15 @@ SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.
 
 def si(value: float | None, unit: str, digits: int = 4) -> str:
     """A value with the SI prefix that keeps it between 1 and 1000: (1.902e8, "FLOP/s") ->
-    "190.2 MFLOP/s", (0.5, "W") -> "500 mW"; null reads "n/a", zero "0 {unit}"."""
+    "190.2 MFLOP/s", (0.5, "W") -> "500 mW", (5156, "tokens/s") -> "5.156 k tokens/s" (a
+    word for a unit stands apart from the prefix); null reads "n/a", zero "0 {unit}"."""
     if value is None or math.isnan(value):
         return "n/a"
     if value == 0 or math.isinf(value):
         return f"{value:g} {unit}"
     scale, prefix = next(((s, p) for s, p in SI_PREFIXES if abs(value) >= s), SI_PREFIXES[-1])
-    return f"{value / scale:.{digits}g} {prefix}{unit}"
+    word = len(unit.split("/")[0]) > 1 and unit[:1].islower()
+    return f"{value / scale:.{digits}g} {prefix}{' ' if word and prefix else ''}{unit}"
 
 
 def view_steps(window: Window, run: RunSummary) -> tuple[int, int]:

@@ -70,7 +70,7 @@ def render(data: NodesData, run: RunSummary, window: Window, client: CollectorCl
     summary = data.summary.sort_values("step_time_s", ascending=False, na_position="last")
     reported = [c for c in COLUMNS if summary[c[0]].notna().any()]
     missing = [header for field, header, _ in COLUMNS if not summary[field].notna().any()]
-    st.subheader(f"{len(summary):,} nodes, slowest first")
+    st.subheader(f"{len(summary):,} node{'s' if len(summary) != 1 else ''}, slowest first")
     caption = (
         "Per node over the window: its slowest rank's step time, its ranks' mean waiting "
         "time, the sum of their throughput and power, the node's network rates."

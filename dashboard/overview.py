@@ -105,9 +105,10 @@ def headline(
     top = st.columns(5)
     top[0].metric("last step", f"{int(latest.step):,}")
     top[1].metric("loss (nats/token)", fmt(latest.loss, ".4f", missing="non-finite"))
-    top[2].metric("throughput", si(latest.tokens_per_s, "tokens/s"))
+    # The unit in the label, its SI prefix in the value: a metric's value must stay short.
+    top[2].metric("throughput (tokens/s)", si(latest.tokens_per_s, ""))
     top[3].metric("MFU", fmt(100 * latest.mfu_ratio, ".1f", unit=" %"), help=mfu_help)
-    top[4].metric("FLOP rate per device", si(latest.tflops_per_s_per_device * TFLOPS, "FLOP/s"))
+    top[4].metric("FLOP rate per device (FLOP/s)", si(latest.tflops_per_s_per_device * TFLOPS, ""))
     power_help = None if latest.power_w > 0 else no_power_message(run)
     bottom = st.columns(5)
     bottom[0].metric("power", si(latest.power_w, "W"), help=power_help)

@@ -37,3 +37,14 @@ def test_alerts_view_names_layers_and_puts_the_newest_first() -> None:
     assert view["layer"].iloc[1] == "layers.0"
     assert view["layer_index"].iloc[1] == 1  # what a jump needs
     assert view.columns[0] == "time"
+
+
+def test_si_scales_to_a_prefix_and_keeps_a_word_unit_apart() -> None:
+    from trainvitals.dashboard.common import si
+
+    assert si(1.902e8, "FLOP/s") == "190.2 MFLOP/s"
+    assert si(0.5, "W") == "500 mW"
+    assert si(5156.0, "tokens/s") == "5.156 k tokens/s"
+    assert si(200.0, "W") == "200 W"
+    assert si(float("nan"), "J") == "n/a"
+    assert si(0.0, "B/s") == "0 B/s"
