@@ -89,6 +89,38 @@ def test_fast_divergence_three_to_forty_with_grad_norm_100x_is_flagged_early() -
     assert alert.start_step >= 500 and alert.step - 500 <= 50
 
 
+def _diverging_steps(
+    seed: int, shift: float, grad_growth: float, grad_noise: float, **settings
+) -> list[int]:
+    """Steps of loss_diverging alerts on a loss at 3 with 1% noise whose level moves up by
+    `shift` (a ratio - 1) from step 500, linearly over 400 steps or at once (`grad_growth`
+    0: a benign data-order shift), the gradient norm growing by `grad_growth` (a ratio)
+    over the same 400 steps, with `grad_noise` (log-normal sigma)."""
+    rng = random.Random(seed)
+    detector = DivergenceDetector(DivergenceSettings(**settings))
+    out = []
+    for s in range(1000):
+        frac = min(1.0, max(0, s - 500) / 400) if grad_growth else float(s >= 500)
+        loss = 3.0 * math.exp(math.log1p(shift) * frac + rng.gauss(0, 0.01))
+        grad = math.exp(math.log(grad_growth or 1.0) * frac + rng.gauss(0, grad_noise))
+        alerts = detector.observe(StepView("r", s, float(s), loss, grad))
+        out += [s for a in alerts if not a.resolves]
+    return out
+
+
+def test_gradient_growth_corroborates_only_when_it_stands_out_of_its_noise() -> None:
+    for seed in range(4):
+        # A +20% climb whose quiet gradient norm doubles: flagged once the loss is up
+        # about 5% (step ~607 without noise), not 10% (step ~709).
+        (step,) = _diverging_steps(seed, 0.2, 2.0, 0.05)
+        assert step < 650, step
+        # A benign +7% level shift; the gradient norm does not grow but is noisy (30% per
+        # step): its median's excursions must not pass for growth...
+        assert _diverging_steps(seed, 0.07, 0.0, 0.3) == []
+        # ... as they do when growth need not stand out of the noise (grad_z 0).
+        assert _diverging_steps(seed, 0.07, 0.0, 0.3, grad_z=0.0) != []
+
+
 def test_a_recovering_loss_never_raises_loss_diverging() -> None:
     # The case reported in the issue: a spike to 3.44 decaying through 0.88 to 0.58,
     # steadily, above the pre-spike level all along.
