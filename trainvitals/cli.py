@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from trainvitals import checks
+from trainvitals import simulate as simulate_flags
 from trainvitals.collector.memory import DEFAULT_MEMORY_LIMIT
 from trainvitals.trainer import config as train_config
 
@@ -254,23 +255,9 @@ def _export(args: argparse.Namespace, _rest: list[str]) -> int:
 
 
 def _simulate(args: argparse.Namespace, _rest: list[str]) -> int | str:
-    import time
+    from trainvitals.simulate import from_args, simulate
 
-    from trainvitals.simulate import FleetSpec, simulate
-
-    spec = FleetSpec(
-        ranks=args.ranks,
-        layers=args.layers,
-        step_time_s=args.step_time,
-        steps=args.steps,
-        seed=args.seed,
-        log_every=args.log_every,
-        canary_every=args.canary_every,
-        faults=tuple(args.fault),
-        run_id=args.run_id,
-        ranks_per_node=args.ranks_per_node,
-        start_unix_s=args.start_unix_s or time.time(),
-    )  # validates every flag before anything is sent
+    spec = from_args(args)  # validates every flag before anything is sent
     docs = simulate(spec, per_node=args.per_node)
     if args.out:
         from trainvitals.schema import encode_json
@@ -476,21 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
         "truth as events, and send it to a collector (binary msgpack, several connections) "
         "or write it as JSON lines (`trainvitals import` loads them).",
     )
-    p.add_argument("--ranks", type=int, required=True, help="ranks (devices) of the job")
-    p.add_argument("--layers", type=int, required=True, help="layers the hooks report")
-    p.add_argument("--step-time", type=float, required=True, help="nominal step time, seconds")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="a seed fixes every value")
-    p.add_argument("--log-every", type=int, default=1, help="steps between logged steps")
-    p.add_argument("--canary-every", type=int, default=50, help="steps between SDC canaries")
-    p.add_argument("--ranks-per-node", type=int, default=8)
-    p.add_argument(
-        "--fault", action="append", default=[], metavar="SPEC",
-        help="inject a fault, e.g. straggler:rank=3,step=100,slowdown=0.2 (repeatable); "
-        "kinds: straggler, sdc, spike, nan, stall, throttle",
-    )  # fmt: skip
-    p.add_argument("--run-id", default="", help="default: sim-<seed>")
-    p.add_argument("--start-unix-s", type=float, default=0, help="start time (default: now)")
+    simulate_flags.add_arguments(p)  # one per FleetSpec field
     p.add_argument("--per-node", action="store_true", help="send ranks rows in one batch per node")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--collector", help="collector base URL, e.g. http://127.0.0.1:8000")

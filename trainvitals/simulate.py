@@ -37,8 +37,11 @@ the kinds and their parameters.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +166,56 @@ class FleetSpec:
     @property
     def nodes(self) -> int:
         return math.ceil(self.ranks / self.ranks_per_node)
+
+
+# FleetSpec field -> its flag's help. The flags of `trainvitals simulate` are made from the
+# fields (add_arguments), as the trainer's are from TrainConfig (trainer/config.py).
+FLAG_HELP = {
+    "ranks": "ranks (devices) of the job",
+    "layers": "layers the hooks report",
+    "step_time_s": "nominal step time, seconds",
+    "steps": "optimizer steps",
+    "seed": "a seed fixes every value",
+    "log_every": "steps between logged steps",
+    "canary_every": "steps between SDC canaries (0: none)",
+    "faults": "inject a fault, e.g. straggler:rank=3,step=100,slowdown=0.2 (repeatable); "
+    f"kinds: {', '.join(FAULTS)}",
+    "run_id": "default: sim-<seed>",
+    "ranks_per_node": "ranks per node (a node's ranks rows travel together with --per-node)",
+    "start_unix_s": "start time, Unix seconds (default: now)",
+}
+# Flags spelled otherwise than their field (the flag first, then other spellings accepted).
+_FLAGS = {"step_time_s": ["--step-time", "--step-time-s"], "faults": ["--fault"]}
+# Defaults of the command line where the class has none, or another (0: now).
+_CLI_DEFAULTS = {"steps": 1000, "start_unix_s": 0.0}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per FleetSpec field: --log-every for log_every, and so on."""
+    for f in dataclasses.fields(FleetSpec):
+        flags = _FLAGS.get(f.name, ["--" + f.name.replace("_", "-")])
+        text = FLAG_HELP[f.name]
+        if f.name == "faults":  # repeatable: --fault A --fault B
+            parser.add_argument(
+                *flags, action="append", default=[], dest=f.name, metavar="SPEC", help=text
+            )
+            continue
+        default = _CLI_DEFAULTS.get(f.name, f.default)
+        kind = {"int": int, "float": float, "str": str}[str(f.type)]
+        if default is dataclasses.MISSING:
+            parser.add_argument(*flags, type=kind, required=True, dest=f.name, help=text)
+            continue
+        if f.name not in ("run_id", "start_unix_s"):  # their help says it
+            text += f" (default {default!r})"
+        parser.add_argument(*flags, type=kind, default=default, dest=f.name, help=text)
+
+
+def from_args(args: argparse.Namespace) -> FleetSpec:
+    """The FleetSpec of parsed flags (ValueError names a bad one); start time 0: now."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(FleetSpec)}
+    values["faults"] = tuple(values["faults"])
+    values["start_unix_s"] = values["start_unix_s"] or time.time()
+    return FleetSpec(**values)
 
 
 def simulate(spec: FleetSpec, per_node: bool = False) -> Iterator[dict[str, Any]]:
