@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   the whole stack (collector, dashboard, 4-rank CPU training run)
-#   make test   lint and the test suite
+#   make test   lint, the type check and the whole test suite
+#   make test-fast   the tests that start no processes (under 2 minutes; see CONTRIBUTING.md)
 # Both create .venv if it is missing and install what they need into it; `make test` also
 # installs the Debian packages the alerting and browser tests need (system-deps).
 
@@ -11,7 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trainvitals-installed
 
-.PHONY: install system-deps demo test lint clean
+.PHONY: install system-deps demo test test-fast lint typecheck clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +35,14 @@ lint: install
 system-deps:
 	bash scripts/install-system-deps.sh
 
-test: lint system-deps
+test: lint typecheck system-deps
 	$(BIN)/pytest
 
+test-fast: install
+	$(BIN)/pytest -m "not slow"
+
+typecheck: install
+	$(BIN)/python scripts/typecheck.py
+
 clean:
-	rm -rf $(VENV) demo-data .pytest_cache .ruff_cache
+	rm -rf $(VENV) demo-data .pytest_cache .ruff_cache .mypy_cache build/typecheck

@@ -138,7 +138,7 @@ def _read_layout(run: _Run, runs: Any) -> None:
     if run.runs_row is not None and row.equals(run.runs_row):
         return
     run.runs_row = row
-    run.info = RunInfo.from_runs(row)
+    run.info = RunInfo.from_runs(row) or UNKNOWN  # never None: the row is there
 
 
 def _hand_events(run: _Run, events: Any) -> None:

@@ -232,7 +232,7 @@ class LiveAnalysis:
             self._busy = bool(work)
         return [(run_id, {**meta, **tables}) for run_id, (meta, tables) in work.items()]
 
-    def _take_due(self) -> dict[str, tuple[dict, dict]]:
+    def _take_due(self) -> dict[str, tuple[dict[str, pa.Table], dict[str, pa.Table]]]:
         """run -> (runs table, tables of its due window); called under the lock."""
         now, hurry = self._clock(), self._drain or self._full
         cutoff = now - (0.0 if hurry else self.delay_s)

@@ -66,22 +66,22 @@ class StoredTelemetry:
         ).to_arrow_table()
         events_done = -1  # events up to this step were handed over
         for start in _window_starts(con, run_id):
-            window = [run_id, start, start + CHUNK_STEPS - 1]
+            end = start + CHUNK_STEPS - 1
             tables = {"runs": meta} if meta.num_rows else {}
             for name, spec in (("steps", STEPS), ("layers", LAYERS), ("ranks", RANKS)):
                 tables[name] = con.sql(
                     f"SELECT {_columns(spec)} FROM {name} "
                     "WHERE run_id = $1 AND step BETWEEN $2 AND $3 ORDER BY step",
-                    params=window,
+                    params=[run_id, start, end],
                 ).to_arrow_table()
             # Events up to the window's end, those in a gap before it too: detectors look
             # back at them only (the live driver hands them over as they arrive).
             tables["events"] = con.sql(
                 f"SELECT {_columns(EVENTS)} FROM events "
                 "WHERE run_id = $1 AND step > $2 AND step <= $3 ORDER BY step",
-                params=[run_id, events_done, window[2]],
+                params=[run_id, events_done, end],
             ).to_arrow_table()
-            events_done = window[2]
+            events_done = end
             yield run_id, tables
 
 
@@ -140,12 +140,13 @@ def store_goodput(con: duckdb.DuckDBPyConnection) -> list[Goodput]:
     return out
 
 
-def stored_alerts(con: duckdb.DuckDBPyConnection) -> list[dict]:
+def stored_alerts(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     rows = con.sql("SELECT * FROM alerts ORDER BY run_id, step, kind").to_arrow_table()
-    return rows.to_pylist()
+    alerts: list[dict[str, Any]] = rows.to_pylist()
+    return alerts
 
 
-def comparable(alert: dict) -> tuple:
+def comparable(alert: dict[str, Any]) -> tuple[Any, ...]:
     """What must agree between live and replayed alerts."""
     return (
         alert["run_id"],

@@ -24,10 +24,19 @@ def pytest_configure(config) -> None:
     os.environ.setdefault("TRAINVITALS_SPOOL_DIR", tempfile.mkdtemp(prefix="trainvitals-spool-"))
 
 
+# Fixtures that start processes (a collector, a torchrun job): a test using one is `slow`.
+PROCESS_FIXTURES = frozenset({"collector", "trained_run", "collector_with_run", "faulty_telemetry"})
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """GPU tests run where a CUDA device is present and are skipped, visibly, elsewhere."""
+    """Tests that use a process-starting fixture are marked `slow` (`make test-fast` leaves
+    them out; others carry the mark themselves). GPU tests run where a CUDA device is
+    present and are skipped, visibly, elsewhere."""
     import torch
 
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

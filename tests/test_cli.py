@@ -17,12 +17,14 @@ def _cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "collector", "dashboard", "demo"])
 def test_every_subcommand_explains_itself(command: str) -> None:
     r = _cli(command, "--help")
     assert r.returncode == 0 and "usage: trainvitals " + command in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -42,11 +44,13 @@ def test_bad_train_flags_get_a_clear_error(args: list[str], message: str) -> Non
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_collector_refuses_an_unopenable_store(tmp_path) -> None:
     r = _cli("collector", "--store", str(tmp_path / "missing-dir" / "x.duckdb"), "--port", "1")
     assert r.returncode != 0 and "cannot open store" in r.stderr + r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -67,6 +71,7 @@ SIM = ["simulate", "--ranks", "2", "--layers", "1", "--steps", "2", "--step-time
 PLAN = ["plan", "--tokens", "1e12", "--gpu", "H100", "--count", "8"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -112,6 +117,7 @@ def test_bad_input_gets_one_line_before_anything_starts(tmp_path, args, message)
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_collector_replay_names_its_store(tmp_path) -> None:
     """`collector --replay STORE` serves STORE read-only, as `--store STORE --replay` does."""
     import httpx
@@ -168,6 +174,7 @@ def test_simulate_writes_out_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["sim.jsonl"]
 
 
+@pytest.mark.slow
 def test_config_prints_a_file_that_every_analyzer_command_reads_back(tmp_path) -> None:
     r = _cli("config", "--set", "stall.min_gap_s=30")
     assert r.returncode == 0 and "[stall]\nmin_gap_s = 30.0\n" in r.stdout
@@ -177,6 +184,7 @@ def test_config_prints_a_file_that_every_analyzer_command_reads_back(tmp_path) -
     assert again.returncode == 0 and again.stdout == r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["collector", "replay", "analyze", "config"])
 @pytest.mark.parametrize(
     ("flags", "message"),

@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import free_port, wait_until
 
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
+
 
 def _answers(url: str) -> bool:
     try:

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import duckdb
 import httpx
+import pytest
 
 from tests.conftest import CollectorProcess, wait_until
 from trainvitals.trainer.launch import torchrun_command
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 STEPS = 150
 

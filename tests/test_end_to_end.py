@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import duckdb
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 
 def test_every_step_layer_and_rank_is_stored_once(trained_run: dict) -> None:

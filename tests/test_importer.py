@@ -30,6 +30,7 @@ def test_spool_files_go_rank_by_rank_each_rank_oldest_first(tmp_path: Path) -> N
     assert spool_files(tmp_path / "rank2") == Spool(tmp_path / "rank2").pending()
 
 
+@pytest.mark.slow
 def test_import_of_the_spool_folder_loads_every_rank(tmp_path: Path, collector) -> None:
     root = tmp_path / "spool"  # as $TRAINVITALS_SPOOL_DIR after a run lost its collector
     for rank, first in ((0, 0), (1, 3)):
@@ -44,6 +45,7 @@ def test_import_of_the_spool_folder_loads_every_rank(tmp_path: Path, collector) 
     assert [s for (s,) in steps] == list(range(6))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [[], ["rank0"], ["rank0", "rank1"]])
 def test_import_of_an_empty_spool_says_there_is_nothing_to_import(
     tmp_path: Path, layout: list[str]
@@ -154,6 +156,7 @@ def _parquet_file(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("make", "message"),
     [

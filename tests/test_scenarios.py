@@ -5,10 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.conftest import run_trainer
 from trainvitals.analyzer import Analyzer
 from trainvitals.schema import to_arrow
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 COMMON = ["--dp", "2", "--tp", "2", "--steps", "60", "--canary-every", "10"]
 

@@ -186,6 +186,7 @@ def test_merged_documents_keep_rows_and_nulls() -> None:
     assert points(merged) == sum(points(d) for d in docs)
 
 
+@pytest.mark.slow
 def test_cli_writes_json_lines_and_refuses_bad_faults(tmp_path) -> None:
     out = tmp_path / "sim.jsonl"
     argv = [sys.executable, "-m", "trainvitals", "simulate", "--ranks", "8", "--layers", "2"]

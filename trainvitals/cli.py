@@ -13,6 +13,9 @@ from trainvitals.collector.memory import DEFAULT_MEMORY_LIMIT
 from trainvitals.trainer import config as train_config
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
     import duckdb
 
     from trainvitals.analyzer.config import AnalyzerConfig
@@ -89,7 +92,7 @@ _SETTING_FLAGS = {
 }
 
 
-def _setting_error(error: dict) -> str:
+def _setting_error(error: Mapping[str, Any]) -> str:
     """'--port: Input should be ...' from one of pydantic's errors."""
     name = str(error["loc"][0]) if error["loc"] else ""
     where = _SETTING_FLAGS.get(name, f"TRAINVITALS_{name.upper()}")
@@ -238,7 +241,7 @@ def _add_analyzer_flags(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _export(args: argparse.Namespace, _rest: list[str]) -> int:
+def _export(args: argparse.Namespace, _rest: list[str]) -> int | str:
     import duckdb
 
     from trainvitals.collector.export import export_store

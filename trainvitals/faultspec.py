@@ -90,10 +90,12 @@ def _value(where: str, kind: str, key: str, p: Param, text: str) -> Any:
                 f"{where}: {kind} {key} must be one of {list(p.choices)}, got {text!r}"
             )
         return text
+    value: float
     if p.type == "whole":
-        value = _whole(text)
-        if value is None:
+        whole = _whole(text)
+        if whole is None:
             raise ValueError(f"{where}: {key} must be a whole number >= 0, got {text!r}")
+        value = whole
     else:
         try:
             value = float(text)

@@ -10,10 +10,14 @@ import statistics
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.conftest import run_trainer
 from trainvitals.analyzer import Analyzer
 from trainvitals.schema import to_arrow
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 STEPS, CHECKPOINT_EVERY = 90, 10
 

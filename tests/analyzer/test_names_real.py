@@ -54,6 +54,7 @@ def nan_run(tmp_path_factory) -> list[dict]:
     return _train(tmp, "nan", "--steps", str(NAN_STEP + 4), "--inject", f"nan:step={NAN_STEP}")
 
 
+@pytest.mark.slow
 def test_a_bad_batch_names_no_layer(tmp_path: Path) -> None:
     docs = _train(
         tmp_path, "spike", "--steps", str(SPIKE_STEP + 4),
@@ -66,6 +67,7 @@ def test_a_bad_batch_names_no_layer(tmp_path: Path) -> None:
     assert not _named_layers(spike.message, names), spike.message
 
 
+@pytest.mark.slow
 def test_a_nan_loss_names_the_loss_not_a_layer(nan_run: list[dict]) -> None:
     names = json.loads(_run_row(nan_run)["layer_names_json"])
     (alert,) = [a for a in _alerts(nan_run) if a.kind == "nonfinite"]
@@ -74,6 +76,7 @@ def test_a_nan_loss_names_the_loss_not_a_layer(nan_run: list[dict]) -> None:
     assert not _named_layers(alert.message, names), alert.message
 
 
+@pytest.mark.slow
 def test_a_nan_loss_between_logged_steps_is_named_before_the_outputs_it_poisoned(
     tmp_path: Path,
 ) -> None:
@@ -105,6 +108,7 @@ def test_a_layer_is_named_as_the_run_names_it(nan_run: list[dict]) -> None:
     assert "forward order: layers.1 (activations)" in alert.message
 
 
+@pytest.mark.slow
 def test_sdc_names_the_faulty_rank_with_its_host_and_blames_no_receiver(
     faulty_telemetry: Path,
 ) -> None:

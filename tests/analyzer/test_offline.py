@@ -53,6 +53,7 @@ def test_values_that_cannot_be_analysed_name_the_file_and_column(
     assert str(e.value).startswith(f"{path}: {message}")
 
 
+@pytest.mark.slow
 def test_a_column_of_the_wrong_type_gets_one_line_not_a_traceback(tmp_path: Path) -> None:
     path = tmp_path / "lists.parquet"
     pq.write_table(pa.table({"step": [1, 2], "loss": [[1.0], [2.0]]}), path)
@@ -130,6 +131,7 @@ def test_analyze_flags_a_loss_climbing_from_3_to_40(tmp_path: Path) -> None:
     assert "Data:" not in alert.message  # a file has no collector to query
 
 
+@pytest.mark.slow
 def test_analyze_takes_grad_norm_and_lr_columns_by_name(tmp_path: Path) -> None:
     loss = _noisy_loss(600, 1, 0.03)
     loss[400] *= 1.15

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.conftest import CollectorProcess
 from trainvitals.schema import to_arrow
@@ -19,6 +20,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_replay_of_a_store_reproduces_the_live_alerts(faulty_telemetry: Path, tmp_path) -> None:
     store = tmp_path / "store.duckdb"
     collector = CollectorProcess(store)
@@ -39,6 +41,7 @@ def test_replay_of_a_store_reproduces_the_live_alerts(faulty_telemetry: Path, tm
     assert f"{len(alerts)} alerts replayed, identical to the {len(alerts)}" in r.stderr
 
 
+@pytest.mark.slow
 def test_replay_skips_the_gaps_between_steps(tmp_path) -> None:
     """A run resumed at a far step: replay reads the windows that hold steps, and ends."""
     from tests.collector.conftest import make_batch
@@ -60,6 +63,7 @@ def test_replay_skips_the_gaps_between_steps(tmp_path) -> None:
     assert "0 alerts" in r.stderr
 
 
+@pytest.mark.slow
 def test_replay_of_a_missing_store() -> None:
     r = _cli("replay", "/nonexistent/store.duckdb")
     assert r.returncode != 0 and "cannot open" in r.stderr and "Traceback" not in r.stderr
@@ -97,6 +101,7 @@ def _alerts(r: subprocess.CompletedProcess) -> list[tuple]:
     return [(a["kind"], a["step"], a["rank"]) for a in map(orjson.loads, r.stdout.splitlines())]
 
 
+@pytest.mark.slow
 def test_replay_reads_older_stores_and_export_folders(tmp_path: Path) -> None:
     """As `collector --replay` does: columns and tables an older store lacks read as
     empty, and an export folder replays like the store it came from."""
@@ -138,6 +143,7 @@ def test_replay_reads_older_stores_and_export_folders(tmp_path: Path) -> None:
     assert _alerts(r) == expected
 
 
+@pytest.mark.slow
 def test_replay_refuses_what_is_not_a_trainvitals_store(tmp_path: Path) -> None:
     other = tmp_path / "other.duckdb"
     import duckdb
@@ -170,6 +176,7 @@ def _wandb_csv(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_analyze_a_wandb_export(tmp_path: Path) -> None:
     r = _cli("analyze", str(_wandb_csv(tmp_path / "run.csv")))
     assert r.returncode == 0, r.stderr
@@ -179,6 +186,7 @@ def test_analyze_a_wandb_export(tmp_path: Path) -> None:
     assert not any("/api/v1/" in a["message"] for a in alerts)  # no collector behind a file
 
 
+@pytest.mark.slow
 def test_analyze_a_tensorboard_export(tmp_path: Path) -> None:
     rows = [f"{1.7e9 + s},{s},{2.0 if s != 150 else 9.0}" for s in range(200)]
     path = tmp_path / "loss.csv"
@@ -187,6 +195,7 @@ def test_analyze_a_tensorboard_export(tmp_path: Path) -> None:
     assert [a["step"] for a in map(orjson.loads, r.stdout.splitlines())] == [150]
 
 
+@pytest.mark.slow
 def test_analyze_names_what_is_missing(tmp_path: Path) -> None:
     path = tmp_path / "odd.csv"
     path.write_text("epoch,accuracy\n1,0.5\n")

@@ -237,6 +237,7 @@ def _straggler_alerts(path: Path) -> list:
 REAL_STEPS = 50
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inject", [["--inject", "straggler:rank=2,step=10,slowdown=0.25"], []])
 def test_real_4_rank_run(tmp_path: Path, inject: list[str]) -> None:
     """A real dp=2 x tp=2 run on CPU: a 25% straggler from step 10 is named (rank 2, its

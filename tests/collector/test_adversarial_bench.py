@@ -14,6 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = {"valid-json": "202", "valid-otlp": "200", "otlp-rejected": "200",
             "gzip-members": "400", "json-deep": "422", "json-wide": "422",

@@ -15,6 +15,9 @@ from trainvitals.schema import to_arrow
 
 from .conftest import make_batch
 
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
+
 COMMANDS = {
     "collector": ["collector", "--store", "{store}", "--port", "1"],
     "collector --replay": ["collector", "--replay", "{store}", "--port", "1"],

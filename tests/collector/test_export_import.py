@@ -35,6 +35,7 @@ def _everything(url: str, run_id: str) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_an_export_imports_into_a_fresh_collector_identically(trained_run, tmp_path) -> None:
     run_id = trained_run["run_id"]
     source = trained_run["collector"]
@@ -64,6 +65,7 @@ def test_an_export_imports_into_a_fresh_collector_identically(trained_run, tmp_p
         fresh.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -83,6 +85,7 @@ def test_a_folder_that_is_not_an_export_gets_a_clear_error(tmp_path: Path, make,
     assert "Traceback" not in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_batch_rows_must_be_positive(tmp_path: Path) -> None:
     r = _cli("import", tmp_path, "--batch-rows", "0")
     assert r.returncode == 2 and "--batch-rows: must be at least 1" in r.stderr

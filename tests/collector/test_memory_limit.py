@@ -48,6 +48,7 @@ def test_a_limit_that_is_not_a_workable_size_is_refused(tmp_path, text: str, mes
         Settings(store_path=str(tmp_path / "s.duckdb"), memory_limit=text)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_bad_limit_in_one_line(tmp_path) -> None:
     argv = ["collector", "--store", str(tmp_path / "s.duckdb"), "--memory-limit", "lots"]
     r = subprocess.run(

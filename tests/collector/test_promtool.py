@@ -6,8 +6,12 @@ from __future__ import annotations
 import subprocess
 
 import httpx
+import pytest
 
 from tests.deploy.stack import binary
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 
 def test_a_real_scrape_passes_promtool_check_metrics(collector_with_run: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import counts, make_batch
@@ -131,6 +132,7 @@ def test_a_stored_runs_row_with_bad_layer_names_fails_no_listing(client) -> None
     assert layers.status_code == 200 and layers.json()["layer_names"] is None
 
 
+@pytest.mark.slow
 def test_parquet_export_is_served_in_replay_mode(settings, tmp_path) -> None:
     import subprocess
     import sys

@@ -14,9 +14,13 @@ from pathlib import Path
 
 import duckdb
 import httpx
+import pytest
 
 from tests.collector.conftest import make_batch
 from tests.conftest import CollectorProcess, wait_until
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 STEPS_PER_BATCH = 5
 EXIT_WITHIN_S = 10

@@ -45,6 +45,7 @@ def _live_and_replayed(store: str) -> tuple[list, list]:
     return live, replayed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_node", [False, True], ids=["per-step", "per-node"])
 def test_simulated_run_is_stored_whole_over_concurrent_connections(tmp_path, per_node) -> None:
     store = tmp_path / "store.duckdb"

@@ -74,6 +74,7 @@ def test_binding_beyond_loopback_without_a_token_warns(settings: Settings, caplo
     assert "with no token for reads and writes" in caplog.text
 
 
+@pytest.mark.slow
 def test_the_dashboard_client_sends_the_token(tmp_path, monkeypatch) -> None:
     """The collector and the dashboard read the same variable; a real collector."""
     monkeypatch.setenv("TRAINVITALS_INGEST_TOKEN", "shared")

@@ -34,9 +34,13 @@ STARTUP_TIMEOUT_S = 90
 # Longest wait for the page to show something: a refresh is 2 s, a busy CI box is slower.
 RENDER_TIMEOUT_MS = 30_000
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason=f"needs Debian's chromium at {CHROMIUM} (`make test` installs it)"
-)
+pytestmark = [
+    pytest.mark.slow,  # a browser, a collector and a dashboard: `make test` only
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"needs Debian's chromium at {CHROMIUM} (`make test` installs it)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

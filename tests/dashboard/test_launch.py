@@ -56,6 +56,7 @@ def exported_run(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_store", [stored_run, exported_run], ids=["duckdb", "export"])
 def test_replay_serves_a_store_and_ctrl_c_stops_collector_and_dashboard(
     tmp_path: Path, free_tcp_port: int, make_store
@@ -89,6 +90,7 @@ def test_replay_serves_a_store_and_ctrl_c_stops_collector_and_dashboard(
     assert "Traceback" not in log.read_text()
 
 
+@pytest.mark.slow
 def test_replay_checks_its_flags_before_it_starts_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,6 +108,7 @@ def test_replay_checks_its_flags_before_it_starts_anything(
     assert launch.check_store(exported_run(tmp_path / "exp")) == tmp_path / "exp"
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_command_stops_the_streamlit_it_started(
     unused_url: str, free_tcp_port: int
 ) -> None:

@@ -27,6 +27,9 @@ from .servers import (
     start_prometheus,
 )
 
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
+
 HISTORY_STEPS = 30  # clean steps before a fault: the loss-spike detector needs 20
 FAULT_STEPS = 25  # steps from the fault on, in one batch: a straggler needs 20 of 25 (straggler.py)
 DELIVERY_TIMEOUT_S = 20.0  # measured latency is a few seconds

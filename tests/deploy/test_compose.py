@@ -110,6 +110,7 @@ def test_the_dockerfile_copies_every_package_folder() -> None:
     assert "trainvitals" in pyproject["project"]["scripts"]
 
 
+@pytest.mark.slow
 def test_the_copied_sources_build_the_package(tmp_path: Path) -> None:
     """`pip install .` in the image sees only what the Dockerfile copies, minus .dockerignore."""
     ignored = [

@@ -34,12 +34,14 @@ def _alerts() -> list[dict]:
     return [r for g in load_yaml(ALERT_RULES)["groups"] for r in g["rules"] if "alert" in r]
 
 
+@pytest.mark.slow
 def test_promtool_accepts_the_rules_and_the_config() -> None:
     _ok(binary("promtool"), "check", "rules", ALERT_RULES)
     out = _ok(binary("promtool"), "check", "config", PROMETHEUS_CONFIG)
     assert "SUCCESS" in out and "alerts.yml" in out  # the config really loads the rules
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
 def test_rule_unit_tests_pass(test_file: Path) -> None:
     _ok(binary("promtool"), "test", "rules", test_file)
@@ -63,6 +65,7 @@ def test_every_alert_tells_the_person_on_call_what_and_what_to_do() -> None:
             assert rule["annotations"].get(field, "").strip(), f"{rule['alert']}: no {field}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ALERTMANAGER_CONFIGS, ids=lambda p: p.name)
 def test_amtool_accepts_the_alertmanager_configs(config: Path) -> None:
     _ok(binary("amtool"), "check-config", config)
@@ -81,6 +84,7 @@ ROUTES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config, severity, receivers", ROUTES)
 def test_alerts_are_routed_by_severity(config: str, severity: str, receivers: str) -> None:
     labels = ["alertname=TrainvitalsSDCSuspect", "run_id=r1", f"severity={severity}"]
@@ -100,6 +104,7 @@ def test_every_severity_of_the_rules_has_a_route() -> None:
     assert {a["labels"]["severity"] for a in _alerts()} <= routed
 
 
+@pytest.mark.slow
 def test_the_end_to_end_test_configs_are_valid_too(tmp_path: Path) -> None:
     """What the end-to-end test derives from the shipped files, checked the same way."""
     local = {

@@ -102,10 +102,12 @@ def _assert_run(results: list[dict], dp: int, tp: int) -> None:
             assert all(v == 0 for v in run["after_close"].values()), f"{where}: after close"
 
 
+@pytest.mark.slow
 def test_dp2_tp2_counts_bytes_and_local_grad_norm(tmp_path: Path) -> None:
     _assert_run(_run(tmp_path, dp=2, tp=2), dp=2, tp=2)
 
 
+@pytest.mark.slow
 def test_dp2_tp1_counts_bytes_and_local_grad_norm(tmp_path: Path) -> None:
     """Also FSDP with an fp16 reduce dtype, which divides the reduce-scatter input by 2
     before the comm sees it: the meter multiplies it back."""

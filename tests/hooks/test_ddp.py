@@ -8,8 +8,12 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.hooks.test_exactness import _assert_close, _telemetry
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 

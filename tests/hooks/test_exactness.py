@@ -6,8 +6,12 @@ import math
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.conftest import run_trainer
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 STEPS = 8
 REL_TOL = 1e-4

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import duckdb
 import orjson
+import pytest
 
 from tests.collector.conftest import make_batch
 from tests.conftest import CollectorProcess, free_port
@@ -36,6 +37,7 @@ def _stored_steps(store: Path, run_id: str = "r1") -> list[int]:
         con.close()
 
 
+@pytest.mark.slow
 def test_batches_spool_while_the_collector_is_down_and_resend_in_order(tmp_path: Path) -> None:
     port = free_port()
     exporter = HttpExporter(f"http://127.0.0.1:{port}", spool_dir=tmp_path / "spool",
@@ -87,6 +89,7 @@ class _FailsOnPoison(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_a_batch_the_collector_keeps_failing_on_is_set_aside(tmp_path: Path, collector) -> None:
     """One batch answered 500 drain after drain must not hold back the run's later batches
     for ever: after FAILED_DRAINS drains it is set aside in the spool, counted as dropped,
@@ -133,6 +136,7 @@ def test_a_telemetry_file_on_a_full_disk_counts_its_drops_and_closes_quietly() -
     exporter.shutdown(1.0)
 
 
+@pytest.mark.slow
 def test_import_loads_a_file_once_and_names_a_bad_line(tmp_path: Path, collector) -> None:
     good = [make_batch(steps=range(i, i + 2)).to_json() for i in (0, 2)]
     bad = orjson.loads(good[0])
@@ -149,6 +153,7 @@ def test_import_loads_a_file_once_and_names_a_bad_line(tmp_path: Path, collector
     assert _stored_steps(collector.store) == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_import_of_a_missing_path() -> None:
     r = subprocess.run([sys.executable, "-m", "trainvitals", "import", "/nonexistent.jsonl"],
                        capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -80,6 +80,7 @@ def test_cpu_peak_is_measured_and_labelled() -> None:
         peak_flops(torch.device("cpu"), override=-1)
 
 
+@pytest.mark.slow
 def test_plan_command() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "trainvitals", "plan", "--params", "1e11", "--tokens", "1.5e14",
@@ -87,3 +88,23 @@ def test_plan_command() -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0 and "9e+25 FLOPs" in r.stdout and "13.9 days" in r.stdout
+
+
+def test_a_run_without_its_own_flops_count_says_its_mfu_is_an_estimate() -> None:
+    from torch import nn
+
+    from trainvitals.hooks import InMemoryExporter, attach
+    from trainvitals.hooks.flops import FLOPS_ESTIMATE
+
+    def run_row(**kwargs) -> dict:
+        cnn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+        out = InMemoryExporter()
+        monitor = attach(cnn, exporter=out, peak_flops_per_s=1e12, **kwargs)
+        loss = cnn(torch.randn(2, 1, 8, 8)).sum()
+        loss.backward()
+        monitor.step(loss=loss, tokens=2)
+        monitor.close()
+        return out.rows("runs")[0]
+
+    assert run_row()["flops_source"] == FLOPS_ESTIMATE
+    assert run_row(flops_per_token=1.2e4)["flops_source"] == "configured"

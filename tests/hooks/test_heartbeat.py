@@ -116,6 +116,7 @@ def test_a_dead_collector_is_counted_and_training_goes_on() -> None:
     assert monitor.heartbeat.sent == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("ending", "code"), [("raise SystemExit(3)", 3), ("os.kill(os.getpid(), signal.SIGTERM)", -15)]
 )

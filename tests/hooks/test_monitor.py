@@ -37,6 +37,7 @@ def model() -> Transformer:
     return Transformer(PRESETS["tiny"])
 
 
+@pytest.mark.slow
 def test_records_for_every_logged_step_and_layer(model) -> None:
     out = InMemoryExporter()
     monitor = attach(model, exporter=out, log_every=2, peak_flops_per_s=1e12, run_id="t")
@@ -91,6 +92,7 @@ def test_training_step_makes_no_host_sync(model, monkeypatch) -> None:
     monitor.close()
 
 
+@pytest.mark.slow
 def test_maxima_and_nonfinite_counts_accumulate_between_logged_steps(model) -> None:
     """A NaN and a spike on unlogged steps reach the next logged step's records."""
     out = InMemoryExporter()
@@ -160,6 +162,7 @@ def test_a_minus_inf_output_between_logged_steps_is_its_largest_magnitude(model)
     assert layer0[0]["act_nonfinite_steps"] == 0 and 0 < layer0[0]["act_max_abs"] < 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("total_steps", [11, None])
 def test_the_steps_after_the_last_interval_are_logged_when_total_steps_is_known(
     model, total_steps
@@ -185,6 +188,7 @@ def test_the_steps_after_the_last_interval_are_logged_when_total_steps_is_known(
     assert layer0[10]["act_nonfinite_count"] == 0  # step 10's own outputs are finite
 
 
+@pytest.mark.slow
 def test_long_interval_and_micro_batches_keep_every_maximum(model) -> None:
     """Over an interval longer than a fold (FOLD_STEPS) and with two forwards per step, the
     logged step still sees the largest output of any micro-batch and every bad step."""
@@ -310,6 +314,7 @@ def test_param_norm_and_update_rms_match_plain_sgd(model) -> None:
     assert rows[1, 0]["update_rms"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_canary_runs_on_the_first_logged_step_after_each_interval(model) -> None:
     """Logged every 3 steps, a canary every 4: it runs at 0, 6, 9 and 12, the first logged
     step at or after each multiple of 4 (at multiples of both, it ran at 0 and 12 only)."""
@@ -321,6 +326,7 @@ def test_the_canary_runs_on_the_first_logged_step_after_each_interval(model) -> 
     assert canaries == [0, 6, 9, 12]
 
 
+@pytest.mark.slow
 def test_flush_exports_what_is_queued_without_ending_the_run(model) -> None:
     """What a process about to die calls (an injected crash): the steps and events queued
     so far reach the exporter, and no run_end says the run ended cleanly."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import duckdb
 import httpx
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -56,6 +57,7 @@ def _comparable(value, run_id: str):
     return value
 
 
+@pytest.mark.slow
 def test_otlp_and_native_ingest_store_identical_rows(tmp_path: Path) -> None:
     collector = CollectorProcess(tmp_path / "store.duckdb")
     try:
@@ -79,6 +81,7 @@ def test_otlp_and_native_ingest_store_identical_rows(tmp_path: Path) -> None:
         con.close()
 
 
+@pytest.mark.slow
 def test_failures_are_counted_never_raised(collector) -> None:
     dead = OtlpExporter(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
     assert dead.export(make_batch()) is FAILURE
@@ -107,6 +110,7 @@ def test_bad_endpoint_is_refused_at_construction() -> None:
             raise AssertionError(f"accepted {kwargs}")
 
 
+@pytest.mark.slow
 def test_attach_with_an_otlp_exporter(collector) -> None:
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny"])

@@ -6,8 +6,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.conftest import run_trainer
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 FLIP_STEP, FLIP_RANK = 4, 1
 

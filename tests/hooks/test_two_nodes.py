@@ -12,10 +12,14 @@ from pathlib import Path
 
 import duckdb
 import orjson
+import pytest
 
 from tests.conftest import CollectorProcess, free_port, run_trainer
 from tests.hooks.test_exactness import _assert_close, _telemetry
 from trainvitals.analyzer.replay import comparable, replay_store, stored_alerts
+
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
 
 NODES, PER_NODE = 2, 4  # 8 ranks, dp=4 x tp=2: 50-120 s on a shared 2-core machine
 FAULT_STEP = 10  # a faulty unit on rank 5 (node 1) from here: its canary names it

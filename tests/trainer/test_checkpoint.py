@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.conftest import run_trainer
 from trainvitals.trainer.launch import torchrun_command
@@ -29,6 +30,7 @@ def _read(path: Path) -> tuple[dict[int, float], list[tuple[str, int]], set[str]
     return losses, events, run_ids
 
 
+@pytest.mark.slow
 def test_resumed_run_continues_exactly_and_records_restart(tmp_path: Path) -> None:
     unbroken = tmp_path / "unbroken.jsonl"
     run_trainer([*COMMON, "--telemetry-file", str(unbroken)], nproc=2)
@@ -64,6 +66,7 @@ def test_resumed_run_continues_exactly_and_records_restart(tmp_path: Path) -> No
     assert {("checkpoint", 3), ("checkpoint", 7), ("checkpoint", 11)} <= set(events)
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "step-00000003").mkdir()
     (tmp_path / "latest").write_text("step-00000003")  # named, but never completed
@@ -84,6 +87,7 @@ def _checkpoint(root: Path, config: dict | None) -> None:
     (root / "latest").write_text("step-00000003")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_other_settings_is_refused_naming_what_differs(tmp_path: Path) -> None:
     model = {**PRESETS["tiny"].to_dict(), "dim": 32}
     _checkpoint(tmp_path, {"preset": "tiny", "model": model, "seq_len": 32, "dp": 1, "tp": 1})

@@ -70,6 +70,7 @@ def test_faults_apply_to_their_rank_and_steps() -> None:
     assert noisy.shape == x.shape and noisy.float().std() > 10
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_spec_before_starting() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "trainvitals.trainer.train", "--inject", "straggler:rank=0"],
@@ -171,6 +172,7 @@ def _compute_times(path: Path) -> dict[tuple[int, int], float]:
     return out
 
 
+@pytest.mark.slow
 def test_a_straggler_computes_the_asked_fraction_longer(tmp_path: Path) -> None:
     """A real 2-rank run: from step 12, rank 1's compute time (as the hooks measure it) rises
     by `slowdown` (1.0: twice as long) against its own earlier steps. Two ranks sharing two
@@ -239,6 +241,7 @@ def test_a_straggler_scales_from_its_whole_normal_step_without_compounding() -> 
     assert all(x == pytest.approx(0.004, abs=1e-4) for x in injected[3:]), injected  # 0.5 x 8 ms
 
 
+@pytest.mark.slow
 def test_the_straggler_check_names_what_is_wrong_with_its_file(tmp_path: Path) -> None:
     """bench/straggler_check.py on a file that is no telemetry, or too short: one line that
     says which line or which steps, and a non-zero exit."""

@@ -23,6 +23,9 @@ from trainvitals.collector.main import create_app
 from trainvitals.collector.settings import Settings
 from trainvitals.trainer.launch import torchrun_command
 
+# Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
+pytestmark = pytest.mark.slow
+
 # Heartbeats every 2 s: silent for 3 of them is lost; 8 s without a step is a hang (the
 # tiny model's steps take well under a second here, even on a loaded machine).
 QUICK_FIELDS = ("silence_s", "hang_floor_s", "first_step_s", "min_history")
