@@ -157,6 +157,7 @@ def list_runs(store: StoreDep) -> list[dict[str, Any]]:
         ids AS (SELECT run_id FROM progress)
         SELECT ids.run_id, r.model, r.world_size, r.dp, r.tp, r.device_type, r.device_name,
                r.started_unix_s, r.layer_names_json, r.peak_flops_per_s, r.peak_flops_source,
+               r.flops_source,
                r.flops_per_token, r.n_params, r.power_source, r.power_unavailable,
                r.token_target, p.last_step, p.last_time_unix_s
         FROM ids LEFT JOIN runs r USING (run_id) LEFT JOIN progress p USING (run_id)

@@ -66,6 +66,7 @@ class RunSummary:
     layer_names: tuple[str, ...] = ()
     peak_flops_per_s: float | None = None
     flops_per_token: float | None = None
+    flops_source: str | None = None  # 'configured', or how flops_per_token was estimated
     n_params: int | None = None
     # Power and token target: None from a collector that does not serve them yet.
     power_source: str | None = None

@@ -102,12 +102,16 @@ def headline(
 ) -> None:
     """The latest step's numbers (raw, not bucket means), then the run's totals."""
     mfu_help = None if run.peak_flops_per_s else "The run reported no peak FLOP/s for its device."
+    mfu_label = "MFU"
+    if estimated_flops(run):
+        mfu_label = "MFU (estimate)"
+        mfu_help = f"FLOPs per token: {run.flops_source}; pass flops_per_token to attach()."
     top = st.columns(5)
     top[0].metric("last step", f"{int(latest.step):,}")
     top[1].metric("loss (nats/token)", fmt(latest.loss, ".4f", missing="non-finite"))
     # The unit in the label, its SI prefix in the value: a metric's value must stay short.
     top[2].metric("throughput (tokens/s)", si(latest.tokens_per_s, ""))
-    top[3].metric("MFU", fmt(100 * latest.mfu_ratio, ".1f", unit=" %"), help=mfu_help)
+    top[3].metric(mfu_label, fmt(100 * latest.mfu_ratio, ".1f", unit=" %"), help=mfu_help)
     top[4].metric("FLOP rate per device (FLOP/s)", si(latest.tflops_per_s_per_device * TFLOPS, ""))
     power_help = None if latest.power_w > 0 else no_power_message(run)
     bottom = st.columns(5)
@@ -133,6 +137,11 @@ def headline(
         eta_label(progress, run),
         help="At the run's pace so far, lost time included.",
     )
+
+
+def estimated_flops(run: RunSummary) -> bool:
+    """Whether the run's FLOPs per token are an estimate, not the model's own count."""
+    return bool(run.flops_source) and run.flops_source != "configured"
 
 
 def eta_label(progress: derive.Progress, run: RunSummary) -> str:
@@ -194,9 +203,11 @@ def efficiency_charts(
     left, right = st.columns(2)
     if frame["mfu_ratio"].notna().any():
         mfu = frame.assign(mfu_pct=100 * frame["mfu_ratio"])
-        left.altair_chart(
-            charts.line(mfu, "mfu_pct", "Model FLOPs utilization", "MFU (%)", **on_axis)
-        )
+        title = "Model FLOPs utilization"
+        if estimated_flops(run):
+            title += " (estimate)"
+            left.caption(f"MFU estimate, FLOPs per token from {run.flops_source}.")
+        left.altair_chart(charts.line(mfu, "mfu_pct", title, "MFU (%)", **on_axis))
     else:
         left.info("MFU unknown: the run reported no peak FLOP/s for its device.")
     if frame["tflops_per_s_per_device"].notna().any():

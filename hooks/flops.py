@@ -31,6 +31,13 @@ def flops_per_token(
     return float(dense + attention)
 
 
+# What a run's MFU rests on when attach() is given no flops_per_token (hooks/runmeta.py).
+# Right for a dense transformer without its attention term; for other models (a CNN, a
+# mixture of experts) pass flops_per_token, e.g. counted over one step with
+# torch.utils.flop_counter.FlopCounterMode / tokens of that step.
+FLOPS_ESTIMATE = "estimate: 6 x non-embedding parameters per token (dense transformer rule)"
+
+
 @dataclass(frozen=True)
 class Peak:
     """Dense (no structured sparsity) tensor peaks of one device, FLOP/s, from its data sheet."""

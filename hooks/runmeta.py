@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .flops import peak_flops
+from .flops import FLOPS_ESTIMATE, peak_flops
 from .topology import Node, find_node, node_key
 
 if TYPE_CHECKING:
@@ -28,6 +28,9 @@ def run_metadata(monitor: Monitor, model: nn.Module) -> tuple[dict[str, Any], No
         p.numel() for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
     )
     fpt = m.cfg.flops_per_token or 6.0 * (n_params - embed)
+    # Without the model's own count, MFU rests on a dense transformer's rule (hooks/flops.py):
+    # the dashboard labels it an estimate and says from what.
+    flops_source = "configured" if m.cfg.flops_per_token else FLOPS_ESTIMATE
     peak, source = (
         (0.0, "") if m.rank else peak_flops(m.device, m.cfg.peak_flops_per_s, m.cfg.peak_precision)
     )
@@ -66,6 +69,7 @@ def run_metadata(monitor: Monitor, model: nn.Module) -> tuple[dict[str, Any], No
         "device_name": device_name,
         "hosts_json": json.dumps([g["host"] for g in gathered]),
         "flops_per_token": float(fpt),
+        "flops_source": flops_source,
         "peak_flops_per_s": peak,
         "peak_flops_source": source,
         "power_source": m.power.source,

@@ -153,6 +153,12 @@ RUNS = Table(
             "peak_flops_per_s", "float64", "peak FLOP/s of one device; NaN if unknown", finite=False
         ),
         Field("peak_flops_source", "string", "where peak_flops_per_s came from"),
+        Field(
+            "flops_source",
+            "string",
+            "where flops_per_token came from: 'configured', or how it was estimated",
+            required=False,
+        ),
         Field("power_source", "string", "'nvml', 'rapl' or '' (none)", required=False),
         Field(
             "power_unavailable",

@@ -499,3 +499,21 @@ def test_count_label() -> None:
     assert count_label(999) == "999"
     assert count_label(139_584) == "139.6 k"
     assert count_label(7_000_000_000) == "7.0 B"
+
+
+def test_mfu_from_an_estimated_flops_count_is_labelled_an_estimate(
+    monkeypatch, canned_collector
+) -> None:
+    source = "estimate: 6 x non-embedding parameters per token (dense transformer rule)"
+    canned_run(canned_collector, n_steps=3, peak_flops_per_s=1e12, flops_source=source)
+    columns = canned_collector.routes["/api/v1/runs/r1/steps"][1]["columns"]
+    columns["mfu_ratio"] = [0.05] * 3
+    at = run_app(monkeypatch, canned_collector.url)
+    assert not at.exception
+    [mfu] = [m for m in at.metric if m.label.startswith("MFU")]
+    assert mfu.label == "MFU (estimate)" and mfu.value == "5.0 %"
+    assert "Model FLOPs utilization (estimate)" in titles(at)
+    assert source in texts(at.caption)
+    canned_run(canned_collector, n_steps=3, peak_flops_per_s=1e12, flops_source="configured")
+    at = run_app(monkeypatch, canned_collector.url)
+    assert [m.label for m in at.metric if m.label.startswith("MFU")] == ["MFU"]
