@@ -202,7 +202,8 @@ def _rate(now: float, before: float, dt_s: float) -> float:
 
 class PowerSampler:
     """Samples the device every `interval_s` and the node's counters every `node_interval_s`
-    on a daemon thread; `read()` never blocks on it."""
+    on a daemon thread; `read()` never blocks on it. `clock` stamps the samples (seconds;
+    tests inject one and call `tick` themselves)."""
 
     def __init__(
         self,
@@ -210,7 +211,9 @@ class PowerSampler:
         local_rank: int = 0,
         interval_s: float | None = 0.1,
         node_interval_s: float = NODE_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._node: NodeCounters | None = None
         if interval_s is None:
             self._source, self.unavailable = None, "power sampling is off (power_interval_s=0)"
@@ -235,6 +238,7 @@ class PowerSampler:
         self._power_w = math.nan
         self._last_sample = self._latest  # the sample the previous read's rates ended at
         self._node_rates = NodeRates()  # the last node rates read() gave
+        self._node_due_s = self._clock() + self.node_interval_s
         self._thread = None
         if self._source is not None or self._node is not None:
             self._thread = threading.Thread(target=self._run, name="trainvitals-power", daemon=True)
@@ -246,23 +250,27 @@ class PowerSampler:
     def _sample(self, node: NodeTotals | None) -> _Sample:
         energy_j = self._energy_now() - self._start_j
         state = self._source.state() if self._source else _DeviceState()
-        return _Sample(time.monotonic(), energy_j, state, node)
+        return _Sample(self._clock(), energy_j, state, node)
 
     def _run(self) -> None:
         # Without a device source only the node is sampled, at its own pace.
         wake_s = self.interval_s if self._source else max(self.interval_s, self.node_interval_s)
-        node_due_s = time.monotonic() + self.node_interval_s
         while not self._stop.wait(wake_s):
-            try:
-                node = self._latest.node  # only this thread replaces _latest
-                if self._node is not None and time.monotonic() >= node_due_s:
-                    node = self._node.totals()
-                    node_due_s = time.monotonic() + self.node_interval_s
-                sample = self._sample(node)
-            except Exception:
-                continue  # a failed sample is skipped; the next one may succeed
-            with self._lock:
-                self._latest = sample
+            self.tick()
+
+    def tick(self) -> None:
+        """Take one sample (the thread's work, every `interval_s`); the node's counters
+        only once `node_interval_s` has passed since they were last read."""
+        try:
+            node = self._latest.node  # only the sampling thread replaces _latest
+            if self._node is not None and self._clock() >= self._node_due_s:
+                node = self._node.totals()
+                self._node_due_s = self._clock() + self.node_interval_s
+            sample = self._sample(node)
+        except Exception:
+            return  # a failed sample is skipped; the next one may succeed
+        with self._lock:
+            self._latest = sample
 
     def read(self) -> PowerReading:
         """Latest sample, with power and byte rates averaged between the samples since the

@@ -7,10 +7,9 @@ the powercap files laid out in a temporary folder (the only stand-in in these te
 from __future__ import annotations
 
 import math
-import threading
-import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainvitals.hooks import power
@@ -53,7 +52,7 @@ def test_rapl_sampler_reports_power(monkeypatch, tmp_path: Path) -> None:
     sampler = power.PowerSampler(torch.device("cpu"), interval_s=0.01)
     assert sampler.source == "rapl"
     (zone / "energy_uj").write_text(str(20_000_000))  # 20 J
-    time.sleep(0.1)
+    sampler.tick()  # what its thread does every interval_s
     reading = sampler.read()
     sampler.close()
     assert reading.energy_j == 20.0 and reading.power_w > 0
@@ -65,26 +64,21 @@ def test_power_holds_when_steps_are_logged_faster_than_power_is_sampled(
     monkeypatch, tmp_path: Path
 ) -> None:
     """A package drawing a steady 300 W, sampled every 100 ms and read every 40 ms (a
-    logged step shorter than the sampling period): every reading is about 300 W. Dividing
-    by the time between reads gave 0 W on reads that found no new sample, and about
-    2.5x on the next one."""
+    logged step shorter than the sampling period): every reading is 300 W. Dividing by the
+    time between reads gave 0 W on reads that found no new sample, and about 2.5x on the
+    next one. The clock is the test's: it samples (tick) when 100 ms have passed."""
     zone = _zone(tmp_path, energy_uj=0, range_uj=10**15)
     monkeypatch.setattr(power, "RAPL_ROOT", tmp_path)
-    stop, start_s = threading.Event(), time.monotonic()
-
-    def draw_300_w() -> None:
-        while not stop.wait(0.002):
-            joules = 300.0 * (time.monotonic() - start_s)
-            (zone / "energy_uj").write_text(str(int(joules * 1e6)))
-
-    threading.Thread(target=draw_300_w, daemon=True).start()
-    sampler = power.PowerSampler(torch.device("cpu"), interval_s=0.1)
-    readings = []
-    for _ in range(40):
-        time.sleep(0.04)
+    now_s = [0.0]
+    sampler = power.PowerSampler(torch.device("cpu"), interval_s=3600, clock=lambda: now_s[0])
+    readings, due_s = [], 0.1
+    for i in range(1, 41):
+        now_s[0] = i * 0.04
+        (zone / "energy_uj").write_text(str(round(300.0 * now_s[0] * 1e6)))
+        if now_s[0] >= due_s:
+            sampler.tick()
+            due_s += 0.1
         readings.append(sampler.read().power_w)
     sampler.close()
-    stop.set()
-    measured = [w for w in readings if math.isfinite(w)]
-    assert len(measured) >= 30, readings  # NaN only until the second sample
-    assert all(200 < w < 400 for w in measured), readings
+    assert all(math.isnan(w) for w in readings[:2]), readings  # until the first sample
+    assert readings[2:] == pytest.approx([300.0] * 38, rel=1e-6), readings
