@@ -30,6 +30,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from google.rpc.status_pb2 import Status
@@ -406,7 +407,8 @@ async def _receive(
         raise HTTPException(400, str(e)) from e
     except DecoderLost as e:
         raise HTTPException(503, str(e), headers={"Retry-After": "1"}) from e
-    batches = _split_by_run(tables)  # here: a pickled slice would carry its whole table
+    # Here, not in the decoding process: a pickled slice carries its whole table.
+    batches = await run_in_threadpool(_split_by_run, tables)
     # One batch per run (the writer commits a wave together), in waves of at most `wave`
     # batches: a request of thousands of runs never fills the write queue (it then got 503
     # forever, and so did every other sender). Should the queue fill between two waves, the

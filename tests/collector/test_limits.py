@@ -143,3 +143,29 @@ def test_a_large_heartbeat_batch_is_decoded_off_the_event_loop(client, monkeypat
         doc = {"schema_version": 1, "run_id": "r1", "heartbeats": cols}
         assert client.post(heartbeat.PATH, json=doc).status_code == 202
     assert loops[0] is not None and loops[1] is None
+
+
+def test_a_large_heartbeat_batch_is_judged_off_the_event_loop(client, monkeypatch) -> None:
+    """The watchdog judged every heartbeat batch on the event loop: 60,000 ranks held it,
+    and /healthz, for a second."""
+    from trainvitals.collector import heartbeat
+
+    watchdog = client.app.state.watchdog
+    loops = []
+    real = watchdog.observe
+
+    def spy(run_id, table):
+        try:
+            loops.append(asyncio.get_running_loop())
+        except RuntimeError:
+            loops.append(None)
+        return real(run_id, table)
+
+    monkeypatch.setattr(watchdog, "observe", spy)
+    for n in (2, 5000):  # a few hundred bytes; about 200 KB
+        cols = {"rank": list(range(n)), "time_unix_s": [1.0] * n, "host": ["h"] * n,
+                "step_started": [1] * n, "step_finished": [1] * n,
+                "phase": ["forward"] * n}  # fmt: skip
+        doc = {"schema_version": 1, "run_id": "r1", "heartbeats": cols}
+        assert client.post(heartbeat.PATH, json=doc).status_code == 202
+    assert loops[0] is not None and loops[1] is None
