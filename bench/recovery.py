@@ -10,6 +10,8 @@ checkpoints every 5 steps and one fault:
     crash    node1's local rank 0 dies: the collector's rank_lost names it; fence, resume
     diverge  a data window tips training into an instability: roll back to before the
              onset, skip the data since, resume on both nodes
+    spike    data window 24 is random bytes: the step is re-run from the checkpoint before
+             it on node0, reproduces (data), is rolled back and its batch skipped
 
 Per scenario, from the run's events (the supervisor's, the trainer's, the fault's ground
 truth) and alerts: seconds from the fault to the alert acted on (its step's time; a
@@ -49,14 +51,19 @@ FAULTS = {
     "sdc": "sdc:node=node1,rank=0,step={step}",
     "crash": "crash:node=node1,rank=0,step={step}",
     "diverge": "diverge:step={step},growth=2",
+    "spike": "spike:step={step},kind=batch",
 }
+# Only the spike scenario acts on loss spikes: the spike that starts a divergence would be
+# re-run first (docs/supervisor.md).
+SPIKES = '[kinds.loss_spike]\nmode = "act"\n'
 
 
 def scenario(collector: Collector, name: str, work: Path, args) -> dict:
     run_id = f"recovery-{name}-{int(time.time())}"
-    (work / "policy.toml").write_text(POLICY)
+    (work / "policy.toml").write_text(POLICY + (SPIKES if name == "spike" else ""))
     dp = 2 * args.ranks_per_node // args.tp
     steps = args.steps + (15 if name == "diverge" else 0)  # a divergence takes longer to see
+    fault_step = args.fault_step + (7 if name == "spike" else 0)  # after 20 steps of history
     argv = [
         sys.executable, "-m", "trainvitals", "supervise", "--nodes", "node0,node1",
         "--nproc-per-node", str(args.ranks_per_node), "--collector", collector.url,
@@ -66,7 +73,7 @@ def scenario(collector: Collector, name: str, work: Path, args) -> dict:
         "--steps", str(steps), "--run-id", run_id, "--collector", collector.url,
         "--checkpoint-dir", str(work / f"ckpt-{name}"), "--checkpoint-every", "5",
         "--checkpoint-async", "--resume", "--canary-every", "5",
-        "--inject", FAULTS[name].format(step=args.fault_step),
+        "--inject", FAULTS[name].format(step=fault_step),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.monotonic()

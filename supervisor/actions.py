@@ -6,13 +6,22 @@ Pure decisions with an injected clock; agent.py carries them out.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .alerts import Alert
-from .policy import FENCE_RESUME, FENCE_ROLLBACK, RESPONSES, ROLLBACK, KindPolicy, Limits
+from .policy import (
+    FENCE_RESUME,
+    FENCE_ROLLBACK,
+    RERUN,
+    RESPONSES,
+    ROLLBACK,
+    KindPolicy,
+    Limits,
+)
 
 
 @dataclass(frozen=True)
@@ -24,9 +33,11 @@ class Plan:
     skip_data: bool
 
     def describe(self) -> str:
-        parts = []
+        parts = ["re-run the step on other ranks to tell data from hardware"]
+        if self.response != RERUN:
+            parts = []
         if self.node:
-            parts.append(f"fence {self.node}")
+            parts.append(f"fence {self.node}" + (" if hardware" if self.response == RERUN else ""))
         if self.rollback_at_most_step is None:
             parts.append("resume from the latest checkpoint")
         elif self.rollback_at_most_step < 0:
@@ -63,11 +74,15 @@ def plan(
         node = node_of(alert.rank, nodes, nproc_per_node)
         if node is None:
             raise ValueError(f"{alert.kind} names rank {alert.rank}, not a rank of {nodes}")
+    elif response == RERUN and alert.rank is not None:  # the suspect, if the re-run says so
+        node = node_of(alert.rank, nodes, nproc_per_node)
     at_most = None
     if response == FENCE_ROLLBACK:
         at_most = clean_before_sdc(alert, canary_steps or [])
     elif response == ROLLBACK:
         at_most = alert.onset_step - 1  # the onset is the last healthy step: before it
+    elif response == RERUN:
+        at_most = alert.step - 1  # the weights the step started from
     return Plan(alert, response, node, at_most, kind_policy.skip_data and response == ROLLBACK)
 
 
@@ -105,3 +120,21 @@ class Limiter:
 
     def record(self) -> None:
         self.times.append(self.clock())
+
+
+# A re-run reproduces the step when its loss is within this fraction of the stored one: the
+# same batch and weights on another dp layout differ by float rounding only (3e-8 measured
+# on the reference trainer, dp 2 -> 1), a faulty unit's spike by far more.
+RERUN_REL_TOL = 0.02
+
+
+def classify(stored: float | None, rerun: float | None) -> str:
+    """'data' when the re-run reproduces the stored loss (both non-finite counts), else
+    'hardware'; 'unknown' when the re-run gave no loss. None or NaN: non-finite (the
+    collector serves a NaN loss as null)."""
+    if rerun is None:
+        return "unknown"
+    bad_stored = stored is None or not math.isfinite(stored)
+    if bad_stored or not math.isfinite(rerun):
+        return "data" if bad_stored and not math.isfinite(rerun) else "hardware"
+    return "data" if abs(rerun - stored) <= RERUN_REL_TOL * abs(stored) else "hardware"

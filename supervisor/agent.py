@@ -8,9 +8,11 @@
 
 Events (kinds), all at the run's step where it happened: `action:observe:<alert kind>`
 (what the policy recommends), `action:refused` (an action the limits or the fence list
-refused, and why), `action:fence` (node, rank, why), `action:rollback` (from step, to
-checkpoint, steps to redo, data skipped), `action:relaunch` (nodes, dp, seconds stopped);
-the relaunched trainer's own `restart` event marks training resumed.
+refused, and why), `action:rerun` (a loss spike's or NaN's step re-run from the checkpoint
+before it: the stored and re-run losses, data or hardware), `action:fence` (node, rank,
+why), `action:rollback` (from step, to checkpoint, steps to redo, data skipped),
+`action:relaunch` (nodes, seconds stopped); the relaunched trainer's own `restart` event
+marks training resumed.
 
 Alerts of the supervisor's own doing are not acted on: the liveness alerts of ranks it
 stopped (last heard while it was stopping them), alerts from a launch it already stopped
@@ -19,20 +21,22 @@ and rolled back, and alerts it has seen.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trainvitals.trainer import checkpoint
 
-from .actions import Limiter, Plan, plan
+from .actions import Limiter, Plan, classify, plan
 from .alerts import Alert, CollectorClient
 from .fence import FenceError, FenceList
 from .launch import Agents, JobCommand
-from .policy import AUTOMATED, FENCE_ROLLBACK, RESPONSES, Policy
+from .policy import AUTOMATED, FENCE_ROLLBACK, RERUN, RESPONSES, Policy
 
+RERUN_TIMEOUT_S = 900.0  # a re-run replays at most a checkpoint interval of steps
 HEARTBEAT_SLACK_S = 2.5  # the hooks' heartbeat interval (2 s) and a little: last heard
 LIVENESS = ("rank_lost", "hang")
 
@@ -94,7 +98,7 @@ class Supervisor:
         argv = self.job.for_nodes(len(nodes), len(self.nodes))
         gen = len(self.launches)
         self.launches.append(Launch(gen, nodes, self.clock()))
-        self.agents = Agents(nodes, self.nproc_per_node, argv, self.log_dir, gen)
+        self.agents = Agents(nodes, self.nproc_per_node, argv, self.log_dir, f"gen{gen}")
         self.log(f"launch {gen}: {len(nodes)} node(s) {', '.join(nodes)}: {' '.join(argv)}")
 
     def _check_alerts(self) -> bool:
@@ -223,6 +227,15 @@ class Supervisor:
         self.agents.stop()
         launch.stopped_unix_s = self.clock()
         reached = self._progress()
+        skip_steps = (self._resume_step_after(p), reached) if p.skip_data else None
+        if p.response == RERUN:
+            result = self._rerun(p)
+            rank = -1 if a.rank is None else a.rank
+            self.collector.event("action:rerun", a.step, rank, result)
+            if result["verdict"] != "hardware":  # fence nobody without the evidence
+                p = replace(p, node=None)
+            if result["verdict"] == "data":  # the batch: skip it
+                skip_steps = (a.step, a.step)
         if p.node is not None:
             reason = f"{a.kind} at step {a.step}" + (
                 f" (rank {a.rank})" if a.rank is not None else ""
@@ -235,18 +248,21 @@ class Supervisor:
         else:
             kept = checkpoint.roll_back(self.checkpoint_dir, p.rollback_at_most_step)
         resume_step = 0 if kept is None else kept + 1
-        if p.skip_data and reached >= resume_step:
+        window = None
+        if skip_steps is not None:
             from trainvitals.trainer.data import data_index, parse_windows
 
             skipped = parse_windows(self.job.skip_data)
-            first, last = data_index(resume_step, skipped), data_index(reached, skipped)
-            self.job.skip_data.append(f"{first}:{last}")
+            first, last = skip_steps
+            if last >= first:
+                window = f"{data_index(first, skipped)}:{data_index(last, skipped)}"
+                self.job.skip_data.append(window)
         detail = {
             "from_step": reached,
             "to_checkpoint_step": kept,
             "resume_step": resume_step,
             "redone_steps": max(0, reached - resume_step + 1),
-            "skip_data": self.job.skip_data[-1] if p.skip_data and self.job.skip_data else None,
+            "skip_data": window,
             "why": f"{a.kind} at step {a.step}",
         }
         self.collector.event("action:rollback", reached, -1, detail)
@@ -256,6 +272,48 @@ class Supervisor:
         relaunch["alert_to_relaunch_s"] = self.clock() - a.time_unix_s
         self.collector.event("action:relaunch", reached, -1, relaunch)
 
+    def _resume_step_after(self, p: Plan) -> int:
+        """The step a rollback to `p` resumes at (before moving anything)."""
+        done = checkpoint.complete(self.checkpoint_dir)
+        at_most = p.rollback_at_most_step
+        kept = [c for c in done if at_most is None or c <= at_most]
+        return kept[-1] + 1 if kept else 0
+
+    def _rerun(self, p: Plan) -> dict:
+        """Re-run the alert's step (same batch, same weights: from the checkpoint before it,
+        the steps between replayed) on the nodes left less the suspect's; its loss against
+        the stored one says data (reproduces) or hardware (does not)."""
+        step = p.alert.step
+        nodes = [n for n in self.fences.remaining() if n != p.node] or self.fences.remaining()
+        view = self.log_dir / f"rerun-{step}-checkpoints"  # the checkpoint before the step only
+        shutil.rmtree(view, ignore_errors=True)
+        view.mkdir(parents=True)
+        before = [c for c in checkpoint.complete(self.checkpoint_dir) if c < step]
+        if before:
+            source = checkpoint.path_of(self.checkpoint_dir, before[-1]).resolve()
+            (view / source.name).symlink_to(source)
+            (view / "latest").write_text(source.name)
+        argv = self.job.for_rerun(len(nodes), len(self.nodes), str(view), step)
+        self.log(f"re-run step {step} on {', '.join(nodes)}: {' '.join(argv)}")
+        agents = Agents(nodes, self.nproc_per_node, argv, self.log_dir, f"rerun{step}")
+        deadline = self.clock() + RERUN_TIMEOUT_S
+        while agents.poll() is None and self.clock() < deadline:
+            time.sleep(self.poll_s)
+        agents.stop()
+        rerun = _rerun_loss(agents.logs[0], step)
+        stored = self._stored_loss(step)
+        verdict = classify(stored, rerun)
+        self.log(f"re-run of step {step}: loss {rerun} against {stored} stored: {verdict}")
+        return {"step": step, "stored_loss": stored, "rerun_loss": rerun,
+                "verdict": verdict, "nodes": nodes}  # fmt: skip
+
+    def _stored_loss(self, step: int) -> float | None:
+        try:
+            return self.collector.step_loss(step)
+        except Exception as e:
+            self.log(f"cannot read the loss of step {step}: {e}")
+            return None
+
     def _progress(self) -> int:
         """The newest step the job reached, as the collector holds it (0 if unknown)."""
         try:
@@ -263,3 +321,14 @@ class Supervisor:
         except Exception as e:
             self.log(f"cannot read the run's progress: {e}")
             return 0
+
+
+def _rerun_loss(log: Path, step: int) -> float | None:
+    """The loss a re-run printed (`rerun-loss STEP LOSS`, trainer/train.py), if it did."""
+    if not log.exists():
+        return None
+    for line in log.read_text(errors="replace").splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == "rerun-loss" and words[1] == str(step):
+            return float(words[2])
+    return None

@@ -86,6 +86,13 @@ class CollectorClient:
         r.raise_for_status()
         return next((x["last_step"] for x in r.json() if x["run_id"] == self.run_id), None)
 
+    def step_loss(self, step: int) -> float | None:
+        """The stored loss of one step (None: not stored, or not finite)."""
+        r = self.http.get(f"/api/v1/runs/{self.run_id}/steps", params={"start": step, "end": step})
+        r.raise_for_status()
+        cols = r.json()["columns"]
+        return cols["loss"][0] if cols.get("step") == [step] else None
+
     def canary_steps(self, before_step: int) -> list[int]:
         """The steps before `before_step` on which the ranks ran the SDC canary."""
         if before_step < 1:

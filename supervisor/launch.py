@@ -69,6 +69,30 @@ class JobCommand:
             out += ["--skip-data", window]
         return out
 
+    def for_rerun(self, n_nodes: int, of_nodes: int, checkpoint_dir: str, step: int) -> list[str]:
+        """argv that re-runs `step` from the checkpoints under `checkpoint_dir`, sending and
+        saving nothing (trainer --rerun-step)."""
+        argv = _without(
+            self.for_nodes(n_nodes, of_nodes),
+            ("--checkpoint-dir", "--collector", "--telemetry-file", "--otlp-endpoint",
+             "--hooks", "--rerun-step", "--checkpoint-every", "--checkpoint-every-min"),
+        )  # fmt: skip
+        return [*argv, "--checkpoint-dir", checkpoint_dir, "--hooks", "off",
+                "--rerun-step", str(step)]  # fmt: skip
+
+
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """argv less each `--flag value` and `--flag=value` of `flags`."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in flags)):
+            out.append(a)
+    return out
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -80,9 +104,10 @@ class Agents:
     """One torchrun agent per node, started together; their output goes to log files."""
 
     def __init__(
-        self, nodes: list[str], nproc_per_node: int, argv: list[str], log_dir: Path, generation: int
+        self, nodes: list[str], nproc_per_node: int, argv: list[str], log_dir: Path, label: str
     ) -> None:
         self.nodes = list(nodes)
+        self.logs = [log_dir / f"{label}-{node}.log" for node in nodes]
         port = free_port()
         log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: list[subprocess.Popen] = []
@@ -95,7 +120,7 @@ class Agents:
             ]  # fmt: skip
             env = {**os.environ, NODE_ENV: node}
             env.setdefault("OMP_NUM_THREADS", "1")
-            log = (log_dir / f"gen{generation}-{node}.log").open("ab")
+            log = (log_dir / f"{label}-{node}.log").open("ab")
             self.procs.append(
                 subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

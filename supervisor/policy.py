@@ -47,7 +47,7 @@ RESPONSES = {
     "throughput_drop": NONE,
     "ranks_missing": NONE,
 }
-AUTOMATED = {FENCE_RESUME, FENCE_ROLLBACK, ROLLBACK}  # responses `act` may carry out
+AUTOMATED = {FENCE_RESUME, FENCE_ROLLBACK, ROLLBACK, RERUN}  # responses `act` may carry out
 MODES = ("observe", "act")
 
 

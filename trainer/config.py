@@ -44,6 +44,8 @@ FLAG_HELP = {
     "resume": "go on from the newest checkpoint in checkpoint_dir, if there is one",
     "inject": "a fault to inject, repeatable, e.g. nan:step=30 (kinds and keys: trainer/faults.py)",
     "skip_data": "data windows FIRST:LAST never trained on (repeatable): a bad stretch of data",
+    "rerun_step": "train from the checkpoint up to this step, print its loss on its batch "
+    "(`rerun-loss STEP LOSS`, rank 0) and stop, saving nothing: the supervisor's re-run; -1: off",
 }
 
 
@@ -79,6 +81,7 @@ class TrainConfig:
     resume: bool = False
     inject: list[str] = field(default_factory=list)
     skip_data: list[str] = field(default_factory=list)
+    rerun_step: int = -1
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -160,6 +163,11 @@ class TrainConfig:
             from .data import parse_windows
 
             parse_windows(self.skip_data)
+        if not -1 <= self.rerun_step < self.steps:
+            raise ValueError(
+                f"TrainConfig.rerun_step must be -1 (off) or in [0, steps={self.steps}), "
+                f"got {self.rerun_step}"
+            )
         if self.resume and not self.checkpoint_dir:
             raise ValueError("TrainConfig.resume needs checkpoint_dir")
         if self.inject:  # refused here, before torchrun starts, rather than on every rank

@@ -7,7 +7,7 @@
     --inject sdc:rank=2,step=30,mode=bitflip         one bit of one weight flips in rank 2's
                                                      memory at step 30 (a replicated weight
                                                      where there is one, so replicas disagree)
-    --inject spike:step=50,kind=batch                one step trains on random bytes
+    --inject spike:step=50,kind=batch                data window 50 (step 50) is random bytes
     --inject spike:step=50,kind=lr                   one step uses 30x the learning rate
     --inject nan:step=40                             the loss becomes NaN
     --inject crash:rank=3,step=60 / hang:rank=3,step=60
@@ -193,15 +193,30 @@ class FaultInjector:
             if monitor.canary is not None:  # None when the hooks are off
                 monitor.canary.fault = lambda out, p=f.params: corrupt(out, p["fraction"])
 
-    def batch(self, step: int, inputs: torch.Tensor, targets: torch.Tensor, data_index: int = -1):
-        """The step's batch; random bytes for a batch spike or a bad data window (nothing
-        to learn from them). data_index: which window of the data it is (trainer/data.py)."""
+    def batch(
+        self,
+        step: int,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        data_index: int = -1,
+        dp_rank: int = 0,
+        dp: int = 1,
+    ):
+        """The step's batch; random bytes for a batch spike (nothing to learn from them).
+        data_index: which window of the data it is (trainer/data.py). The random global
+        batch is drawn whole and sliced by data-parallel rank, like the real one, so that
+        any dp sees the same bytes (a re-run on fewer ranks meets the same batch)."""
         for f in self.faults:
             if _poisons(f, data_index) and self._diverging is None:
                 self._diverging = (step, f.params["growth"])
-        if any(f.params["kind"] == "batch" for f in self._mine("spike", step)):
-            gen = torch.Generator().manual_seed(step)
-            noise = torch.randint(0, 256, (inputs.shape[0], inputs.shape[1] + 1), generator=gen)
+        # A batch spike is a bad batch: tied to the data window (the step, unless windows
+        # are skipped), so a re-run of the step meets it again and a skip avoids it.
+        window = step if data_index < 0 else data_index
+        if any(f.params["kind"] == "batch" for f in self._mine("spike", window)):
+            gen = torch.Generator().manual_seed(window)
+            rows = inputs.shape[0]
+            noise = torch.randint(0, 256, (rows * dp, inputs.shape[1] + 1), generator=gen)
+            noise = noise[dp_rank * rows : (dp_rank + 1) * rows]
             return noise[:, :-1].to(inputs.device), noise[:, 1:].to(targets.device)
         return inputs, targets
 

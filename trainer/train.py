@@ -83,6 +83,17 @@ def make_exporter(cfg: TrainConfig, rank: int):
     return MultiExporter(exporters) if exporters else NullExporter()
 
 
+def print_rerun_loss(step: int, loss: torch.Tensor, rank: int) -> None:
+    """The re-run's verdict material: the step's loss, averaged over the ranks as the hooks
+    report it (equal tokens per rank; tensor-parallel ranks hold the same loss)."""
+    total = loss.detach().double().reshape(1)
+    if dist.is_initialized():
+        dist.all_reduce(total)  # gloo has no AVG: a sum, then / world size
+        total /= dist.get_world_size()
+    if rank == 0:
+        print(f"rerun-loss {step} {total.item()!r}", flush=True)  # .item(): a sync, once
+
+
 WARMUP_STEPS = 5  # excluded from the steady step time: allocator, first collectives
 
 # FSDP2 warns when the root module returns a view, in case the caller modifies it in place;
@@ -196,9 +207,10 @@ def main(argv: list[str] | None = None) -> None:
         monitor.event("restart", first_step, detail=detail)
 
     injector = FaultInjector(cfg.inject, rank, cfg.world_size, device, first_step)
+    rerun = cfg.rerun_step >= 0  # a re-run of one step saves nothing
     saver = Checkpointer(
-        ckpt_root, rank, cfg.checkpoint_meta(), monitor, cfg.checkpoint_every,
-        cfg.checkpoint_every_min, cfg.checkpoint_async, first_step,
+        ckpt_root, rank, cfg.checkpoint_meta(), monitor, 0 if rerun else cfg.checkpoint_every,
+        0 if rerun else cfg.checkpoint_every_min, cfg.checkpoint_async, first_step,
     )  # fmt: skip
     for step in range(first_step, cfg.steps):
         injector.record(monitor, step)
@@ -208,13 +220,17 @@ def main(argv: list[str] | None = None) -> None:
         advance_to(batches, index := data_index(step, skipped))  # same data as an unbroken run
         injector.record_data(monitor, step, index)
         inputs, targets = injector.batch(
-            step, *(to_device(t, device) for t in batches.next(dp_rank, cfg.dp)), index
-        )
+            step, *(to_device(t, device) for t in batches.next(dp_rank, cfg.dp)), index,
+            dp_rank, cfg.dp,
+        )  # fmt: skip
         with torch.autocast(
             device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32
         ):
             logits = model(inputs)
         loss = injector.loss(step, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
+        if step == cfg.rerun_step:
+            print_rerun_loss(step, loss, rank)
+            break
         loss.backward()
         injector.slow_down(step)
         lr_factor = injector.lr_factor(step)
@@ -233,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
             steady_start_s = time.perf_counter()
 
     steady_steps = cfg.steps - first_step - WARMUP_STEPS
-    if rank == 0 and steady_steps > 0:
+    if rank == 0 and steady_steps > 0 and not rerun:
         steady_ms = (time.perf_counter() - steady_start_s) / steady_steps * 1e3
         first = first_step + WARMUP_STEPS
         print(f"steady step time: {steady_ms:.2f} ms (steps {first}-{cfg.steps - 1})")

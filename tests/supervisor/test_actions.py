@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainvitals.supervisor.actions import Limiter, clean_before_sdc, node_of, plan
+from trainvitals.supervisor.actions import Limiter, classify, clean_before_sdc, node_of, plan
 from trainvitals.supervisor.alerts import Alert
 from trainvitals.supervisor.policy import KindPolicy, Limits
 
@@ -56,3 +56,19 @@ def test_restarts_an_hour_and_cooldown() -> None:
     assert "max_restarts_per_hour" in limiter.refusal()
     now[0] = 3601  # the first has left the hour
     assert limiter.refusal() is None
+
+
+def test_a_spike_is_re_run_from_the_weights_it_started_from() -> None:
+    p = plan(alert("loss_spike", 24), KindPolicy("act"), NODES, 2)
+    assert (p.node, p.rollback_at_most_step) == (None, 23)
+    p = plan(alert("nonfinite", 24, rank=3), KindPolicy("act"), NODES, 2)
+    assert p.node == "node1"  # the suspect, fenced only if the re-run says hardware
+
+
+def test_a_re_run_that_reproduces_the_loss_is_the_data() -> None:
+    assert classify(7.038474798, 7.038475037) == "data"
+    assert classify(None, float("nan")) == "data"  # NaN stored (served as null) and again
+    assert classify(7.04, 2.61) == "hardware"  # the spike did not come back
+    assert classify(None, 2.61) == "hardware"
+    assert classify(2.61, float("inf")) == "hardware"
+    assert classify(7.04, None) == "unknown"  # the re-run printed no loss

@@ -42,7 +42,7 @@ def test_a_policy_acts_per_kind_with_limits(tmp_path: Path) -> None:
         ('[kinds.sdc_typo]\nmode = "act"', "unknown alert kind 'sdc_typo'"),
         ('[kinds.sdc]\nmode = "fix"', "kinds.sdc.mode must be one of"),
         ('[kinds.sdc]\nmood = "act"', "kinds.sdc.mood: unknown setting"),
-        ('[kinds.loss_spike]\nmode = "act"', "not automated"),
+        ('[kinds.straggler]\nmode = "act"', "not automated"),
         ("[kinds.sdc]\nskip_data = true", "only loss_diverging takes it"),
         ("[limits]\nmax_fenced_fraction = 1.0", "fencing every node ends the job"),
         ('[limits]\ncooldown_s = "soon"', "limits.cooldown_s must be float"),

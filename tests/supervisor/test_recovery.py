@@ -4,7 +4,9 @@ live collector, DCP checkpoints, `trainvitals supervise` acting on the alerts.
 - SDC on node1 (2 x 2 ranks, dp x tp): node1 is fenced, the checkpoints after the last
   agreeing canary are set aside, the run resumes on node0 alone (dp 2 -> 1) and finishes;
 - a crash on node1 (2 x 1 ranks): fenced on the collector's rank_lost, resumed on node0;
-- a divergence (2 x 1 ranks): rolled back to before the onset, the data since skipped.
+- a divergence (2 x 1 ranks): rolled back to before the onset, the data since skipped;
+- a loss spike (2 x 1 ranks): the step re-run from the checkpoint before it reproduces the
+  loss, so it is the data: rolled back, that batch skipped, nobody fenced.
 Each time the loss curve after the resume continues the one before the fault. The tests
 assert what was done and the losses, never how fast (bench/recovery.py measures that).
 """
@@ -37,6 +39,9 @@ mode = "act"
 mode = "act"
 skip_data = true
 """
+# Acting on loss spikes too would re-run the spike that comes before a divergence, and
+# that spike reproduces (the bad window lies before it): only the spike test acts on them.
+SPIKES = '[kinds.loss_spike]\nmode = "act"\n'
 
 
 @pytest.fixture
@@ -47,8 +52,10 @@ def collector(tmp_path: Path) -> Iterator[CollectorProcess]:
     c.stop()
 
 
-def supervise(tmp_path: Path, url: str, run_id: str, ranks_per_node: int, train: list[str]):
-    (tmp_path / "policy.toml").write_text(POLICY)
+def supervise(
+    tmp_path: Path, url: str, run_id: str, ranks_per_node: int, train: list[str], policy=POLICY
+):
+    (tmp_path / "policy.toml").write_text(policy)
     dp = 2 * ranks_per_node // int(train[train.index("--tp") + 1]) if "--tp" in train else 2
     argv = [
         sys.executable, "-m", "trainvitals", "supervise", "--nodes", "node0,node1",
@@ -184,3 +191,28 @@ def test_a_divergence_is_rolled_back_to_before_its_onset_and_its_data_skipped(
     assert max(first[s] for s in range(20, rollback["detail"]["from_step"] + 1)) > 2 * healthy
     assert max(last[s] for s in range(kept + 1, 45)) < 1.1 * healthy  # no climb after it
     assert last[44] < healthy
+
+
+def test_a_loss_spike_that_a_re_run_reproduces_is_the_data_and_its_batch_is_skipped(
+    tmp_path: Path, collector: CollectorProcess
+) -> None:
+    train = ["--steps", "32", "--checkpoint-every", "5",
+             "--inject", "spike:step=24,kind=batch"]  # fmt: skip
+    supervise(tmp_path, collector.url, "sup-spike", 1, train, policy=POLICY + SPIKES)
+    ev = events(collector.url, "sup-spike")
+
+    (rerun,) = ev["action:rerun"]  # from the checkpoint of step 23's weights: same batch
+    assert rerun["step"] == 24 and rerun["detail"]["verdict"] == "data", rerun
+    assert rerun["detail"]["rerun_loss"] == pytest.approx(rerun["detail"]["stored_loss"], rel=1e-3)
+    assert "action:fence" not in ev
+    (rollback,) = ev["action:rollback"]
+    assert (rollback["detail"]["to_checkpoint_step"], rollback["detail"]["skip_data"]) == (
+        19,
+        "24:24",
+    )
+    assert ev["action:relaunch"][0]["detail"]["nodes"] == ["node0", "node1"]
+    assert [e["step"] for e in ev["run_end"]] == [32]
+
+    first, last = first_and_redone(losses(tmp_path / "telemetry.jsonl"))
+    assert first[24] > 2 * first[23]  # the spike
+    assert last[24] < 1.1 * first[23]  # gone: step 24 trained on the next window
