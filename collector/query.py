@@ -149,6 +149,10 @@ def _step_window(
 def list_runs(store: StoreDep) -> list[dict[str, Any]]:
     """Every run in the store that logged a step, newest first, with its metadata and
     progress. A run that attached and closed without a step trained nothing: not listed."""
+    return _cache.get(store, ("runs",), lambda: _list_runs(store))
+
+
+def _list_runs(store: Store) -> list[dict[str, Any]]:
     rows = store.query(
         """
         WITH progress AS (
@@ -190,6 +194,14 @@ def step_series(
     """Step series in at most `max_points` buckets: means, plus maxima of loss and grad norm."""
     _require_run(store, run_id)
     start, end, bucket = _step_window(store, run_id, start, end, max_points)
+    return _cache.get(
+        store,
+        ("steps", run_id, start, end, bucket),
+        lambda: _step_buckets(store, run_id, start, end, bucket),
+    )
+
+
+def _step_buckets(store: Store, run_id: str, start: int, end: int, bucket: int) -> dict[str, Any]:
     values = [f"avg({c}) AS {c}" for c in _STEP_VALUES] + [
         f"max({c}) AS {c}_max" for c in _WITH_MAX
     ]

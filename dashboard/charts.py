@@ -40,6 +40,11 @@ TIMELINE_ROW_PX = 36
 MAX_HEATMAP_CELLS = 30_000
 # Columns of a heatmap with few rows: about one per 3 px of a laptop-wide chart.
 MAX_HEATMAP_STEPS = 300
+# Width of the row axis (labels and title) of every heatmap and of the alert timeline, and
+# their legends above the plot: stacked charts then start and end their step axis at the
+# same pixel whatever their labels and legends (layer names are cut to fit).
+ROW_AXIS_PX = 130
+TOP_LEGEND = alt.Legend(orient="top", format=SI_FORMAT)
 # Beyond this many ranks on an axis, label every k-th one only.
 MAX_RANK_LABELS = 64
 
@@ -221,7 +226,7 @@ def layer_heatmap(
     line up.
     """
     order = list(frame.sort_values("layer")["layer_name"].unique())
-    y = alt.Y("layer_name:N", title="layer", sort=order)
+    y = alt.Y("layer_name:N", title="layer", sort=order, axis=_row_axis())
     frame = frame.assign(step_end=step_ends(frame["step"], bucket_steps))
     if "nonfinite" in frame:
         frame = frame[frame["value"].notna() | frame["nonfinite"]]
@@ -256,7 +261,7 @@ def node_heatmap(
     """Step x node heatmap (linear colour scale), a row per host: a slow node is a bright
     row. `frame` has step, node, host, value (client.nodes)."""
     n_nodes = frame["node"].nunique()
-    y = alt.Y("host:N", title="node", axis=alt.Axis(labelOverlap=True), sort=None)
+    y = alt.Y("host:N", title="node", axis=_row_axis(labelOverlap=True), sort=None)
     frame = frame.assign(step_end=step_ends(frame["step"], bucket_steps))
     cells = frame[["step", "step_end", "host", "value"]].astype(
         {"step": "int32", "step_end": "int32", "value": "float32", "host": "category"}
@@ -289,7 +294,7 @@ def status_heatmap(
             x=step_x(steps),
             x2="step_end:Q",
             y=alt.Y("rank:O", title="rank", axis=_rank_axis(n_ranks)),
-            color=alt.Color("status:N", title=title, scale=scale),
+            color=alt.Color("status:N", title=title, scale=scale, legend=alt.Legend(orient="top")),
             tooltip=["step:Q", "rank:O", "status:N"],
         )
         .properties(height=_heatmap_height(n_ranks))
@@ -302,8 +307,8 @@ def alert_timeline(alerts: pd.DataFrame, events: pd.DataFrame, steps: tuple[int,
     `alerts` has step, kind, severity, message, value, baseline; `events` has step, rank,
     kind. The tooltip carries each alert's evidence: what was observed, what was expected.
     """
-    x = alt.X("step:Q", title="step", axis=alt.Axis(format="d"), scale=alt.Scale(domain=steps))
-    y = alt.Y("kind:N", title=None)
+    x = step_x(steps)
+    y = alt.Y("kind:N", title=None, axis=_row_axis())
     points = (
         alt.Chart(alerts)
         .mark_point(filled=True, size=90)
@@ -313,6 +318,7 @@ def alert_timeline(alerts: pd.DataFrame, events: pd.DataFrame, steps: tuple[int,
             color=alt.Color(
                 "severity:N",
                 scale=alt.Scale(domain=list(SEVERITY_COLORS), range=list(SEVERITY_COLORS.values())),
+                legend=alt.Legend(orient="top"),
             ),
             tooltip=[
                 "step:Q",
@@ -416,9 +422,7 @@ def _heatmap(
             x=x,
             x2="step_end:Q",
             y=y,
-            color=alt.Color(
-                "value:Q", title=value_title, scale=scale, legend=alt.Legend(format=SI_FORMAT)
-            ),
+            color=alt.Color("value:Q", title=value_title, scale=scale, legend=TOP_LEGEND),
             tooltip=tooltip,
         )
     )
@@ -437,4 +441,14 @@ def _heatmap_height(n_rows: int) -> int:
 def _rank_axis(n_ranks: int, **kwargs) -> alt.Axis:
     """A rank axis that labels every rank while they fit, and every k-th beyond."""
     every = max(1, math.ceil(n_ranks / MAX_RANK_LABELS))
-    return alt.Axis(labelExpr=f"datum.value % {every} == 0 ? datum.label : ''", **kwargs)
+    labels = f"datum.value % {every} == 0 ? datum.label : ''"
+    if "labelAngle" in kwargs:  # an x axis (bars), not a heatmap's row axis
+        return alt.Axis(labelExpr=labels, **kwargs)
+    return _row_axis(labelExpr=labels, **kwargs)
+
+
+def _row_axis(**kwargs) -> alt.Axis:
+    """The row axis of a heatmap or timeline: ROW_AXIS_PX wide, labels cut to fit."""
+    return alt.Axis(
+        minExtent=ROW_AXIS_PX, maxExtent=ROW_AXIS_PX, labelLimit=ROW_AXIS_PX - 30, **kwargs
+    )

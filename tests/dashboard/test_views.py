@@ -8,6 +8,7 @@ import pytest
 
 from tests.dashboard.test_app import chart_data, chart_specs, run_app, texts, titles
 from tests.dashboard.two_runs import LOG_EVERY, SPIKE_STEP, STEPS
+from trainvitals.dashboard.charts import ROW_AXIS_PX
 from trainvitals.dashboard.compare import AXIS_KEY, SMOOTH_KEY
 from trainvitals.dashboard.layers import DRILL_KEY
 from trainvitals.dashboard.nodes import NODE_KEY
@@ -61,6 +62,16 @@ def test_every_time_series_chart_of_a_view_shares_one_step_axis(monkeypatch, two
                 if x.get("field") == "step":
                     domains.add(tuple(x["scale"]["domain"]))
         assert domains == {(50, 201)}, view
+        if view != "Overview":
+            # Stacked heatmaps and the timeline: one row-axis width and legends above, so
+            # their plots start and end at the same pixel, not only at the same step.
+            for spec in chart_specs(at):
+                rows = [layer["encoding"]["y"] for layer in all_layers(spec)
+                        if "y" in layer.get("encoding", {})]  # fmt: skip
+                assert {y["axis"]["minExtent"] for y in rows} == {ROW_AXIS_PX}, view
+                legends = [layer["encoding"]["color"].get("legend") for layer in all_layers(spec)
+                           if "color" in layer.get("encoding", {})]  # fmt: skip
+                assert all(legend and legend["orient"] == "top" for legend in legends), view
 
 
 def test_a_deep_link_opens_the_health_view_at_its_step(monkeypatch, two_runs) -> None:
