@@ -87,7 +87,9 @@ def test_a_step_goes_through_its_phases() -> None:
 
 def test_every_interval_a_heartbeat_and_ended_at_close(receiver: Receiver) -> None:
     m = model()
-    monitor = attach(m, heartbeat_url=receiver.url, heartbeat_interval_s=0.05, log_every=1000)
+    # A heartbeat's time-out is its interval (at most 2 s): 50 ms timed out against this
+    # receiver at load 15, so one every second.
+    monitor = attach(m, heartbeat_url=receiver.url, heartbeat_interval_s=1.0, log_every=1000)
     for _ in range(3):
         loss = m(torch.randn(4, 8)).square().mean()
         loss.backward()

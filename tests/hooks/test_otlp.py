@@ -115,7 +115,9 @@ def test_bad_endpoint_is_refused_at_construction() -> None:
 def test_attach_with_an_otlp_exporter(collector) -> None:
     torch.manual_seed(0)
     model = Transformer(PRESETS["tiny"])
-    exporter = OtlpExporter(collector.url + "/v1/metrics")  # a full signal URL works too
+    # A full signal URL works too. 60 s: a limit for a loaded machine (the default 5 s
+    # timed out at load 15 with two busy loops), not what is tested.
+    exporter = OtlpExporter(collector.url + "/v1/metrics", timeout_s=60)
     monitor = attach(model, exporter=exporter, log_every=1, peak_flops_per_s=1e12, run_id="otel")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):
