@@ -43,3 +43,51 @@ def test_a_group_of_small_batches_is_inserted_as_one_chunk() -> None:
     assert merged.column("step").to_pylist() == list(range(512))
     large = [{"steps": pa.table({"step": list(range(i, i + 4096))})} for i in (0, 4096)]
     assert _merged(large)["steps"].column("step").num_chunks == 2  # not copied
+
+
+class _Listener:
+    """A commit listener that notes what the store tells it, and whether its store's
+    connection was still open when it was closed."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.calls: list[tuple] = []
+
+    def committed(self, run_id, tables) -> None:
+        self.calls.append(("committed", run_id, tables["steps"].column("step").to_pylist()))
+
+    def forget(self, run_ids) -> None:
+        self.calls.append(("forget", run_ids))
+
+    def drain(self, timeout_s) -> bool:
+        self.calls.append(("drain",))
+        return True
+
+    def close(self, timeout_s) -> None:
+        self.store.query("SELECT 1")  # fails once the connection is closed
+        self.calls.append(("close",))
+
+
+def test_commit_listeners_hear_the_rows_each_commit_added_then_flush_retention_and_close(
+    tmp_path,
+) -> None:
+    from trainvitals.schema import to_arrow
+
+    from .conftest import make_batch
+
+    store = Store(str(tmp_path / "s.duckdb"), retention_days=1)
+    listener = _Listener(store)
+    store.listen(listener)
+    store.start()
+    for steps in (range(3), range(2, 5)):  # the second resends steps 2: not passed on
+        store.submit(*to_arrow(make_batch(steps=steps).to_dict())).result(timeout=60)
+    store.flush()
+    assert store.drop_expired() == ["r1"]  # its steps' times are from 1970
+    store.close()
+    assert listener.calls == [
+        ("committed", "r1", [0, 1, 2]),
+        ("committed", "r1", [3, 4]),
+        ("drain",),
+        ("forget", ["r1"]),
+        ("close",),
+    ]
