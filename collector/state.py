@@ -17,19 +17,10 @@ import pyarrow.compute as pc
 
 from trainvitals.analyzer import Alert
 from trainvitals.analyzer.alerts import EPISODE_KINDS, RESOLVED
+from trainvitals.schema import STEPS
 
-# steps fields mirrored per run (latest logged step).
-STEP_FIELDS = (
-    "telemetry_dropped",
-    "step",
-    "time_unix_s",
-    "loss",
-    "grad_norm",
-    "tokens_per_s",
-    "mfu_ratio",
-    "tflops_per_s_per_device",
-    "step_time_s",
-)
+# steps fields mirrored per run (latest logged step): those the schema declares live.
+STEP_FIELDS = tuple(f.name for f in STEPS.fields if f.live)
 
 
 @dataclass

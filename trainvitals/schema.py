@@ -96,6 +96,9 @@ class Field:
     # string: the longest value, in UTF-8 bytes; None: MAX_STRING_BYTES, or
     # MAX_JSON_STRING_BYTES for a JSON field.
     max_bytes: int | None = None
+    # steps: the collector keeps the latest logged step's value per run in memory, for
+    # /metrics (collector/state.py).
+    live: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -175,16 +178,21 @@ STEPS = Table(
     key=("run_id", "step"),
     doc="One row per logged optimizer step: global quantities of the whole job.",
     fields=(
-        Field("step", "int64", "optimizer step, counted from 0", bounds=STEP_BOUNDS),
+        Field("step", "int64", "optimizer step, counted from 0", bounds=STEP_BOUNDS, live=True),
         Field(
             "time_unix_s",
             "float64",
             "when the last rank reached the step's end",
             bounds=NONNEGATIVE,
+            live=True,
         ),
-        Field("loss", "float64", "token-weighted mean training loss", finite=False),
+        Field("loss", "float64", "token-weighted mean training loss", finite=False, live=True),
         Field(
-            "grad_norm", "float64", "global L2 norm of all gradients, before clipping", finite=False
+            "grad_norm",
+            "float64",
+            "global L2 norm of all gradients, before clipping",
+            finite=False,
+            live=True,
         ),
         Field("lr", "float64", "learning rate used by the step", required=False),
         Field(
@@ -195,15 +203,23 @@ STEPS = Table(
             "float64",
             "wall time of the step on the slowest rank",
             bounds=NONNEGATIVE,
+            live=True,
         ),
-        Field("tokens_per_s", "float64", "tokens / step_time_s", bounds=NONNEGATIVE),
+        Field("tokens_per_s", "float64", "tokens / step_time_s", bounds=NONNEGATIVE, live=True),
         Field(
             "tflops_per_s_per_device",
             "float64",
             "achieved model TFLOP/s of one device",
             bounds=NONNEGATIVE,
+            live=True,
         ),
-        Field("mfu_ratio", "float64", "achieved / peak FLOP/s; NaN if peak unknown", finite=False),
+        Field(
+            "mfu_ratio",
+            "float64",
+            "achieved / peak FLOP/s; NaN if peak unknown",
+            finite=False,
+            live=True,
+        ),
         Field(
             "power_w",
             "float64",
@@ -236,6 +252,7 @@ STEPS = Table(
             "int64",
             "logged steps and batches the hooks dropped since the monitor started",
             required=False,
+            live=True,
         ),
     ),
 )
