@@ -37,7 +37,7 @@ def test_demo_runs_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> None
         wait_until(lambda: _answers(f"http://127.0.0.1:{dport}/_stcore/health"), timeout_s=120)
 
         def steps_stored() -> int:
-            runs = httpx.get(f"{collector}/api/v1/runs", timeout=5).json()
+            runs = httpx.get(f"{collector}/api/v1/runs", timeout=60).json()  # a loaded machine
             return runs and (runs[0]["last_step"] or 0) >= 3
 
         wait_until(steps_stored, timeout_s=120, interval_s=0.5)
@@ -102,7 +102,7 @@ def test_sigterm_stops_the_demo_and_every_child_as_ctrl_c_does(tmp_path: Path) -
         def training() -> bool:
             if not _answers(f"{collector}/healthz"):
                 return False
-            runs = httpx.get(f"{collector}/api/v1/runs", timeout=5).json()
+            runs = httpx.get(f"{collector}/api/v1/runs", timeout=60).json()  # a loaded machine
             return bool(runs) and (runs[0]["last_step"] or 0) >= 1
 
         wait_until(training, timeout_s=120, interval_s=0.5)
