@@ -11,7 +11,7 @@ import duckdb
 import httpx
 import pytest
 
-from tests.conftest import CollectorProcess, wait_until
+from tests.conftest import CollectorProcess, kill_job, wait_until
 from trainvitals.trainer.launch import torchrun_command
 
 # Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
@@ -45,7 +45,7 @@ def test_spool_resends_after_kill_9_and_nothing_is_lost_or_doubled(tmp_path: Pat
         output, _ = trainer.communicate(timeout=300)
         assert trainer.returncode == 0, output
     finally:
-        trainer.kill()
+        kill_job(trainer)
         collector.stop()
     con = duckdb.connect(str(store), read_only=True)
     q = "SELECT count(*), count(DISTINCT ({k})) FROM {t} WHERE run_id = 'k9'"

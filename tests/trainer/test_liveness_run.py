@@ -7,7 +7,6 @@ never on how fast (bench/liveness.py measures that)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, kill_job, wait_until
 from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
 from trainvitals.collector.main import create_app
 from trainvitals.collector.settings import Settings
@@ -71,7 +70,6 @@ def start_trainer(url: str, fault: str) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=None if os.environ.get("TV_DEBUG") else subprocess.DEVNULL,
         env=env,
-        start_new_session=True,  # one process group: the hang test stops every rank at once
     )
 
 
@@ -84,7 +82,7 @@ def test_a_crashed_rank_is_named_once(collector: Collector) -> None:
     try:
         assert trainer.wait(120) != 0  # torchrun reports the crash
     finally:
-        trainer.kill()
+        kill_job(trainer)
     (lost,) = wait_until(lambda: alerts(collector, "rank_lost"), timeout_s=40)
     assert lost["rank"] == 2 and "rank 2 on " in lost["message"], lost
     # The others went silent after it: still one alert, and no hang on a dead job.
@@ -109,8 +107,7 @@ def test_a_hung_rank_is_named(collector: Collector) -> None:
     try:
         (hang,) = wait_until(lambda: alerts(collector, "hang"), timeout_s=90)
     finally:
-        os.killpg(trainer.pid, signal.SIGKILL)
-        trainer.wait(30)
+        kill_job(trainer)
     assert hang["rank"] == 1, hang
     assert "rank 1 on " in hang["message"] and "step 40 is stuck" in hang["message"], hang
     assert alerts(collector, "rank_lost") == []  # its heartbeats went on
