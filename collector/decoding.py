@@ -76,7 +76,8 @@ class Decoder:
         """Process ids of the running workers (none before the first large body)."""
         with self._lock:
             pool = self._pool
-        return [] if pool is None else [p.pid for p in (pool._processes or {}).values()]
+        processes = [] if pool is None else (pool._processes or {}).values()
+        return [p.pid for p in processes if p.pid is not None]
 
     def close(self) -> None:
         """Stop the worker (after the bodies it holds are decoded)."""

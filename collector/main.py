@@ -130,7 +130,7 @@ def create_app(
         full disk: the collector retries by itself, and is ready again once it can write)."""
         store: Store = request.app.state.store
         ready = store.unwritable is None
-        body = {"ready": ready, "replay": store.read_only}
+        body: dict[str, Any] = {"ready": ready, "replay": store.read_only}
         if not ready:
             body["reason"] = f"the store cannot take writes: {store.unwritable}"
         return FastJSONResponse(body, status_code=200 if ready else 503)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Annotated, Any
@@ -439,7 +440,7 @@ async def _receive(
 
 
 def _encode(
-    message: Message, as_json: bool, status: int = 200, headers: dict | None = None
+    message: Message, as_json: bool, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
     if as_json:
         content = orjson.dumps(json_format.MessageToDict(message))
