@@ -7,6 +7,7 @@ device power.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
@@ -131,7 +132,7 @@ class TrainvitalsCollector(Collector):
             if run.ended_unix_s is not None:
                 ended.add_metric([run_id], run.ended_unix_s)
         yield rank
-        yield from _power_metrics(self.store, runs)
+        yield from _power_metrics(runs)
         yield alerts
         yield active
         yield dropped
@@ -153,13 +154,10 @@ class TrainvitalsCollector(Collector):
             yield from _watchdog_metrics(self.watchdog)
 
 
-def _power_metrics(store: Store, runs: dict[str, RunState]):
+def _power_metrics(runs: dict[str, RunState]):
     """Job power and energy at each run's latest logged step, and its ranks' device power
-    summarised (median, p99, max) at their latest step.
-
-    Read from the store at scrape time by key (run, step): two point lookups per exported
-    run, a few milliseconds for hundreds of runs. A run without power data has no series.
-    """
+    summarised (median, p99, max) at their latest step, from the live state (a scrape never
+    reads the store, which may be failing). A run without power data has no series."""
     power = GaugeMetricFamily(
         "trainvitals_power_watts",
         "Power of all devices of the job, mean over the latest logged step.",
@@ -177,27 +175,19 @@ def _power_metrics(store: Store, runs: dict[str, RunState]):
         labels=["run_id", "stat"],
     )
     for run_id, run in runs.items():
-        if "step" in run.latest:
-            row = store.query(
-                "SELECT power_w, energy_j FROM steps WHERE run_id = ? AND step = ?",
-                [run_id, int(run.latest["step"])],
-            ).to_pylist()
-            if row and row[0]["power_w"] is not None:
-                power.add_metric([run_id], row[0]["power_w"])
-            if row and row[0]["energy_j"] is not None:
-                energy.add_metric([run_id], row[0]["energy_j"])
-        if run.ranks_step >= 0:
-            stats = store.query(
-                "SELECT median(power_w) AS median, quantile_cont(power_w, 0.99) AS p99, "
-                "max(power_w) AS max FROM ranks WHERE run_id = ? AND step = ?",
-                [run_id, run.ranks_step],
-            ).to_pylist()[0]
-            for stat, value in stats.items():
-                if value is not None:
-                    rank_power.add_metric([run_id, stat], value)
+        if _finite(run.latest.get("power_w")):
+            power.add_metric([run_id], run.latest["power_w"])
+        if _finite(run.latest.get("energy_j")):
+            energy.add_metric([run_id], run.latest["energy_j"])
+        for stat, value in run.rank_power_summary_w.items():
+            rank_power.add_metric([run_id, stat], value)
     yield power
     yield energy
     yield rank_power
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _watchdog_metrics(watchdog: LiveWatchdog):

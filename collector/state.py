@@ -31,18 +31,25 @@ class RunState:
     # (kind, culprit rank or None) -> first step of an episode not yet resolved
     active: dict = field(default_factory=dict)
     ended_unix_s: float | None = None  # when the run reported a clean end
-    # The latest step with ranks rows, and their step times in seconds, one array per batch:
-    # exporters that send per node split a step's ranks rows across batches.
+    # The latest step with ranks rows, and their step times in seconds and device power in
+    # watts, one array per batch: exporters that send per node split a step's ranks rows
+    # across batches.
     ranks_step: int = -1
     rank_times_s: list[np.ndarray] = field(default_factory=list)
+    rank_power_w: list[np.ndarray] = field(default_factory=list)
 
-    def add_rank_times(self, step: int, times_s: np.ndarray) -> None:
-        """Fold in step times of ranks at `step` (each rank once: the store's added rows)."""
+    def add_rank_times(
+        self, step: int, times_s: np.ndarray, power_w: np.ndarray | None = None
+    ) -> None:
+        """Fold in step times (and power) of ranks at `step` (each rank once: the store's
+        added rows)."""
         if step < self.ranks_step:
             return  # a late batch of an older step: the summary is of the latest step
         if step > self.ranks_step:
-            self.ranks_step, self.rank_times_s = step, []
+            self.ranks_step, self.rank_times_s, self.rank_power_w = step, [], []
         self.rank_times_s.append(times_s)
+        if power_w is not None:
+            self.rank_power_w.append(power_w[~np.isnan(power_w)])
 
     @property
     def rank_step_time_s(self) -> dict[str, float]:
@@ -52,6 +59,12 @@ class RunState:
         per-node batches would sort its growing set of ranks 1,024 times.
         """
         return _rank_summary(np.concatenate(self.rank_times_s)) if self.rank_times_s else {}
+
+    @property
+    def rank_power_summary_w(self) -> dict[str, float]:
+        """Median, p99 and max of the latest step's per-rank device power; {} without any."""
+        power = np.concatenate(self.rank_power_w) if self.rank_power_w else np.empty(0)
+        return _rank_summary(power) if power.size else {}
 
 
 @dataclass
@@ -122,7 +135,7 @@ class LiveState:
             [],
         ).to_pylist()
         ranks = query(
-            "SELECT r.run_id, r.step, r.step_time_s FROM ranks r JOIN "
+            "SELECT r.run_id, r.step, r.step_time_s, r.power_w FROM ranks r JOIN "
             "(SELECT run_id, max(step) AS step FROM ranks GROUP BY run_id) m USING (run_id, step)",
             [],
         )
@@ -168,6 +181,7 @@ class LiveState:
                     v.ended_unix_s,
                     v.ranks_step,
                     list(v.rank_times_s),  # the arrays are never changed, only added
+                    list(v.rank_power_w),
                 )
                 for k, v in self.runs.items()
             }
@@ -226,16 +240,20 @@ def _follow_episode(
         active.setdefault((kind, rank), step if start_step is None else start_step)
 
 
-def _latest_step_times(ranks: Any) -> tuple[int, np.ndarray]:
-    """(latest step of a ranks table, step_time_s of its rows at that step)."""
+def _latest_step_times(ranks: Any) -> tuple[int, np.ndarray, np.ndarray | None]:
+    """(latest step of a ranks table, step_time_s and power_w of its rows at that step;
+    power None when the table has no power column)."""
     step = ranks.column("step").to_numpy()
-    latest = int(step.max())
-    return latest, ranks.column("step_time_s").to_numpy()[step == latest]
+    latest = step == int(step.max())
+    power = None
+    if "power_w" in ranks.column_names:
+        power = ranks.column("power_w").to_numpy(zero_copy_only=False).astype(np.float64)[latest]
+    return int(step.max()), ranks.column("step_time_s").to_numpy()[latest], power
 
 
-def _rank_summary(times_s: np.ndarray) -> dict[str, float]:
-    """Median, p99 and max of per-rank step times, in seconds."""
-    times = np.sort(times_s)
+def _rank_summary(values: np.ndarray) -> dict[str, float]:
+    """Median, p99 and max of per-rank values (step times in seconds, power in watts)."""
+    times = np.sort(values)
     n, mid = len(times), len(times) // 2
     median = times[mid] if n % 2 else (times[mid - 1] + times[mid]) / 2  # as statistics.median
     p99 = times[min(n - 1, int(0.99 * n))]

@@ -226,6 +226,7 @@ STEPS = Table(
             "power of all devices of the job, mean over the step",
             required=False,
             bounds=NONNEGATIVE,
+            live=True,
         ),
         Field(
             "energy_j",
@@ -233,6 +234,7 @@ STEPS = Table(
             "energy of all devices since the monitor started (a resumed run starts again from 0)",
             required=False,
             bounds=NONNEGATIVE,
+            live=True,
         ),
         Field(
             "nonfinite_count",
