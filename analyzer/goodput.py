@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -89,6 +91,23 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
+
+
+# What goodput reads of a stored run; `?` parameters: the run id, then EVENT_KINDS.
+STEPS_SQL = "SELECT step, time_unix_s, step_time_s FROM steps WHERE run_id = ? ORDER BY step"
+EVENTS_SQL = (
+    "SELECT step, kind, detail, time_unix_s FROM events WHERE run_id = ? "
+    "AND list_contains(?, kind) ORDER BY time_unix_s"
+)
+
+
+def stored_goodput(run_id: str, query: Callable[[str, list], Any]) -> Goodput:
+    """Goodput of a stored run. `query(sql, params)` returns a pyarrow table (Store.query,
+    or a DuckDB connection's): the dashboard's figure and `trainvitals replay`'s are this
+    one function's."""
+    steps = query(STEPS_SQL, [run_id]).to_pydict()
+    events = query(EVENTS_SQL, [run_id, list(EVENT_KINDS)]).to_pydict()
+    return goodput(run_id, steps, events)
 
 
 def goodput(

@@ -29,7 +29,7 @@ from trainvitals.schema import EVENTS, HEARTBEATS, LAYERS, RANKS, RUNS, STEPS
 from .alerts import Alert
 from .config import AnalyzerConfig
 from .engine import Analyzer
-from .goodput import EVENT_KINDS, Goodput, goodput
+from .goodput import Goodput, stored_goodput
 from .liveness import HANG, RANK_LOST, LivenessSettings, Watchdog
 from .source import Window, analyze
 
@@ -127,16 +127,7 @@ def store_goodput(con: duckdb.DuckDBPyConnection) -> list[Goodput]:
     out = []
     runs = con.sql("SELECT DISTINCT run_id FROM steps ORDER BY run_id").fetchall()
     for (run_id,) in runs:
-        steps = con.sql(
-            "SELECT step, time_unix_s, step_time_s FROM steps WHERE run_id = $1 ORDER BY step",
-            params=[run_id],
-        ).to_arrow_table()
-        events = con.sql(
-            "SELECT step, kind, detail, time_unix_s FROM events WHERE run_id = $1 "
-            "AND list_contains($2, kind) ORDER BY time_unix_s",
-            params=[run_id, list(EVENT_KINDS)],
-        ).to_arrow_table()
-        out.append(goodput(run_id, steps.to_pydict(), events.to_pydict()))
+        out.append(stored_goodput(run_id, lambda sql, p: con.execute(sql, p).to_arrow_table()))
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 import pyarrow as pa
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from trainvitals.analyzer.goodput import goodput
+from trainvitals.analyzer.goodput import stored_goodput
 from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS, STEPS
 
 from .deps import get_store
@@ -435,17 +435,7 @@ def run_goodput(run_id: str, store: StoreDep) -> dict[str, Any]:
 
 
 def _goodput(store: Store, run_id: str) -> dict[str, Any]:
-    steps = store.query(
-        "SELECT step, time_unix_s, step_time_s FROM steps WHERE run_id = ? ORDER BY time_unix_s",
-        [run_id],
-    )
-    events = store.query(
-        "SELECT step, kind, detail, time_unix_s FROM events WHERE run_id = ? "
-        "AND kind IN ('restart', 'checkpoint')",
-        [run_id],
-    )
-    columns = {name: steps.column(name).to_numpy() for name in steps.column_names}
-    doc = goodput(run_id, columns, events.to_pydict()).to_dict()
+    doc = stored_goodput(run_id, store.query).to_dict()
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in doc.items()}
 
 

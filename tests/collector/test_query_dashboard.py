@@ -52,6 +52,25 @@ def test_goodput_is_the_analyzers_over_the_stored_steps_and_events(client) -> No
     assert client.get("/api/v1/runs/r1/goodput").json() == served
 
 
+def test_goodput_counts_async_checkpoint_stalls_and_the_supervisors_actions(client) -> None:
+    # Steps a second apart; the one after step 5 waited 0.25 s more for the stall.
+    b = BatchBuilder("r1")
+    for step in range(20):
+        b.append("steps", step=step, time_unix_s=1000.0 + step + 0.25 * (step > 5), loss=2.0,
+                 grad_norm=1.0, tokens=512, step_time_s=1.0, tokens_per_s=512.0,
+                 tflops_per_s_per_device=0.1, mfu_ratio=0.25)  # fmt: skip
+    b.append("events", step=5, rank=-1, kind="checkpoint_stall", detail='{"stall_s": 0.25}',
+             time_unix_s=1005.5)  # fmt: skip
+    b.append("events", step=12, rank=-1, kind="action:fence", detail='{"host": "node1"}',
+             time_unix_s=1012.5)  # fmt: skip
+    b.append("events", step=12, rank=-1, kind="action:rollback", detail='{"redone_steps": 4}',
+             time_unix_s=1012.6)  # fmt: skip
+    _post(client, b)
+    served = client.get("/api/v1/runs/r1/goodput").json()
+    assert served["fences"] == 1 and served["rollbacks"] == 1 and served["rolled_back_steps"] == 4
+    assert served["checkpoint_s"] == pytest.approx(0.25)
+
+
 def test_a_run_that_never_logged_a_step_is_not_listed(client) -> None:
     b = BatchBuilder("empty")
     _runs_row(b, ["h0"])
