@@ -7,6 +7,7 @@ dashboard against it, and stops both on Ctrl-C.
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -98,6 +99,31 @@ def check_store(store: Path) -> Path:
     raise ValueError(f"store {store} does not exist")
 
 
+def check_not_held(store: Path) -> Path:
+    """`store` unless another process (a running collector) holds it open for writing:
+    DuckDB lets no other process open it then, not even read-only. ValueError saying what
+    to do instead otherwise."""
+    import duckdb
+
+    if not store.is_file():
+        return store  # an export folder: Parquet files, no lock
+    try:
+        duckdb.connect(str(store), read_only=True).close()
+    except duckdb.IOException as e:
+        if "lock" not in str(e).lower():
+            raise  # not a lock: the collector's own checks say what is wrong
+        holder = re.search(r"PID (\d+)", str(e))
+        who = f"process {holder.group(1)}" if holder else "another process"
+        raise ValueError(
+            f"store {store} is held open by {who}, most likely a running collector: DuckDB "
+            "lets no other process read a store while one writes it. Point the dashboard at "
+            "that collector instead (`trainvitals dashboard --collector http://HOST:PORT`), "
+            f"or stop it and replay the store, or `trainvitals export {store} FOLDER` once it "
+            "has stopped and replay the folder."
+        ) from e
+    return store
+
+
 def run_replay(store: Path, port: int = 8501, host: str = "127.0.0.1") -> int:
     """Serve the runs stored in `store` for a post-mortem, until Ctrl-C; return an exit code.
 
@@ -108,7 +134,7 @@ def run_replay(store: Path, port: int = 8501, host: str = "127.0.0.1") -> int:
     from trainvitals.demo import wait_healthy
 
     check_port(port)
-    check_store(store)
+    check_not_held(check_store(store))
     _exit_on_sigterm()
     collector_port = free_port()
     collector_url = f"http://127.0.0.1:{collector_port}"

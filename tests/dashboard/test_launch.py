@@ -136,3 +136,19 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=1.0).status_code == 200
     except httpx.TransportError:
         return False  # not listening yet
+
+
+def test_a_store_a_running_collector_holds_says_what_to_do_instead(collector) -> None:
+    from trainvitals.dashboard.launch import check_not_held
+
+    with pytest.raises(ValueError, match="held open by process") as held:
+        check_not_held(collector.store)
+    assert "trainvitals dashboard --collector" in str(held.value)
+    replay = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "replay", str(collector.store)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert replay.returncode != 0
+    assert "held open by process" in replay.stderr and "damaged" not in replay.stderr
+    collector.stop()
+    assert check_not_held(collector.store) == collector.store
