@@ -2,8 +2,10 @@
 #   make demo   the whole stack (collector, dashboard, 4-rank CPU training run)
 #   make test   lint, the type check and the whole test suite
 #   make test-fast   the tests that start no processes (under 2 minutes; see CONTRIBUTING.md)
-# Both create .venv if it is missing and install what they need into it; `make test` also
-# installs the Debian packages the alerting and browser tests need (system-deps).
+# Both create .venv if it is missing and install what they need into it: the demo only the
+# package and torch, the tests their extras too; `make test` also installs the Debian
+# packages the alerting and browser tests need (system-deps).
+#   make demo COLLECTOR_PORT=9000 DASHBOARD_PORT=9501   other ports
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,6 +13,9 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trainvitals-installed
+DEMO_STAMP := $(VENV)/.trainvitals-demo-installed
+COLLECTOR_PORT ?= 8000
+DASHBOARD_PORT ?= 8501
 
 .PHONY: install system-deps demo test test-fast lint typecheck clean
 
@@ -25,8 +30,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-demo: install
-	$(BIN)/trainvitals demo
+# What the demo runs, without the test extras (playwright, schemathesis, mypy...).
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(BIN)/trainvitals demo --collector-port $(COLLECTOR_PORT) --dashboard-port $(DASHBOARD_PORT)
 
 lint: install
 	$(BIN)/ruff check .
