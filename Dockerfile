@@ -26,6 +26,7 @@ COPY hooks ./hooks
 COPY collector ./collector
 COPY analyzer ./analyzer
 COPY dashboard ./dashboard
+COPY supervisor ./supervisor
 # torch is already satisfied (pyproject asks torch>=2.6), so pip keeps the CPU build.
 RUN pip install .
 

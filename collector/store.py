@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -384,6 +385,15 @@ class Store:
 def damaged(path: str, error: Exception) -> str:
     """One line for a store that cannot be opened or read: the file, the cause, what to do."""
     cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if "Conflicting lock" in cause:  # not damaged: another process has it open for writing
+        holder = re.search(r"PID (\d+)", cause)
+        who = f"process {holder.group(1)}" if holder else "another process"
+        return (
+            f"store {path!r} is held open by {who}, most likely a running collector: DuckDB "
+            "lets no other process open a store while one writes it. Read it through that "
+            "collector's API (or `trainvitals dashboard --collector URL`), or stop the "
+            "collector first; the store is not damaged"
+        )
     corrupt = duckdb.IOException | duckdb.SerializationException | duckdb.InternalException
     if not (isinstance(error, corrupt) and Path(path).is_file()):
         return f"cannot open store {path!r}: {cause}"

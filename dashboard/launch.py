@@ -109,9 +109,9 @@ def check_not_held(store: Path) -> Path:
         return store  # an export folder: Parquet files, no lock
     try:
         duckdb.connect(str(store), read_only=True).close()
-    except duckdb.IOException as e:
-        if "lock" not in str(e).lower():
-            raise  # not a lock: the collector's own checks say what is wrong
+    except duckdb.Error as e:
+        if "Conflicting lock" not in str(e):
+            return store  # not a lock: the collector's own checks say what is wrong
         holder = re.search(r"PID (\d+)", str(e))
         who = f"process {holder.group(1)}" if holder else "another process"
         raise ValueError(

@@ -148,9 +148,7 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
 
     from trainvitals.collector.store import Store, StoreError, damaged
     from trainvitals.collector.stored import check_source
-    from trainvitals.dashboard.launch import check_not_held
 
-    check_not_held(Path(args.store))  # a running collector's store: what to do instead
     comparable_alerts = check_source(Path(args.store))  # ValueError: one line, from main
     config = _analyzer_config(args)  # ValueError: one line, from main
     # The collector's read-only Store, as `collector --replay` reads: its views fill the

@@ -57,3 +57,33 @@ def test_a_damaged_store_gets_one_line(tmp_path: Path, stored: bytes, command, d
     assert out[0].endswith(
         f"move it aside (mv {store} {store}.damaged) to start an empty store there"
     )
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_store_held_by_a_running_collector_is_not_called_damaged(
+    tmp_path: Path, stored: bytes, command
+) -> None:
+    store = tmp_path / "store.duckdb"
+    store.write_bytes(stored)
+    # Another process holds the store open for writing, as a running collector does.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({str(store)!r}); "
+         "print('open', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        argv = [a.format(store=store, out=tmp_path / "out") for a in COMMANDS[command]]
+        proc = subprocess.run(
+            [sys.executable, "-m", "trainvitals", *argv], capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait(30)
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode != 0
+    assert len(out) == 1, "\n".join(out)
+    assert f"is held open by process {holder.pid}, most likely a running collector" in out[0]
+    assert "is not damaged" in out[0] and "mv " not in out[0]
+    assert store.read_bytes() == stored  # nothing moved or written

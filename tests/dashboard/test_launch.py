@@ -149,6 +149,6 @@ def test_a_store_a_running_collector_holds_says_what_to_do_instead(collector) ->
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert replay.returncode != 0
-    assert "held open by process" in replay.stderr and "damaged" not in replay.stderr
+    assert "held open by process" in replay.stderr and "is not damaged" in replay.stderr
     collector.stop()
     assert check_not_held(collector.store) == collector.store
