@@ -262,8 +262,15 @@ class LossSpikeSettings:
     # that it follows a falling loss (a median of 50 logged steps lagged one by 18% at
     # log_every=10 and hid a 1.35x spike), and still ignores a one-step outlier.
     level_window: int = 5
-    # Finite losses seen before judging anything.
+    # Finite losses seen before judging anything by the rules below.
     min_history: int = 20
+    # Before that, from `early_min_history` finite losses on, only a gross spike is judged:
+    # the loss at least `early_rise_ratio` times its level, with the gradient norm at least
+    # `early_grad_jump_ratio` times its own where it is reported. (A 2.7x spike at the
+    # eighth logged step of a real run went unflagged, too early for the noise estimate.)
+    early_min_history: int = 5
+    early_rise_ratio: float = 2.0
+    early_grad_jump_ratio: float = 3.0
     # On the loss alone: a spike is this many noise standard deviations above the level...
     z_threshold: float = 8.0
     # ... and at least this ratio - 1 above it (a near-zero noise on a flat curve would
@@ -296,6 +303,11 @@ class LossSpikeSettings:
                 f"loss_spike.min_history must be in [3, window={self.window}], "
                 f"got {self.min_history}"
             )
+        if not 3 <= self.early_min_history <= self.min_history:
+            raise ValueError(
+                f"loss_spike.early_min_history must be in [3, min_history={self.min_history}], "
+                f"got {self.early_min_history}"
+            )
         if not 1 <= self.level_window <= self.min_history:
             raise ValueError(
                 f"loss_spike.level_window must be in [1, min_history={self.min_history}], "
@@ -307,7 +319,8 @@ class LossSpikeSettings:
         for name in ("min_rise_ratio", "joint_min_rise_ratio"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"loss_spike.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("grad_jump_ratio", "restart_lr_ratio"):
+        ratios = ("grad_jump_ratio", "restart_lr_ratio", "early_rise_ratio")
+        for name in (*ratios, "early_grad_jump_ratio"):
             if not getattr(self, name) > 1:
                 raise ValueError(f"loss_spike.{name} must be > 1, got {getattr(self, name)}")
         for name in ("cooldown_steps", "restart_grace_steps"):
@@ -388,8 +401,12 @@ class LossSpikeDetector:
             # (non-finite losses are the NonFiniteDetector's)
             x = math.log(s.loss)
             g = _log_or_nan(s.grad_norm)
-            if self._loss.seen >= self.settings.min_history and s.step > self._quiet_until:
-                alerts = self._judge(s, x, g)
+            seen = self._loss.seen
+            if s.step > self._quiet_until:
+                if seen >= self.settings.min_history:
+                    alerts = self._judge(s, x, g)
+                elif seen >= self.settings.early_min_history:
+                    alerts = self._judge_early(s, x, g)
             self._loss.push(x)
             if math.isfinite(g):
                 self._grad.push(g)
@@ -412,6 +429,21 @@ class LossSpikeDetector:
         if grad_z > cfg.grad_z_threshold and grad_rise > math.log(cfg.grad_jump_ratio):
             return [self._spike(s, rise, z, (grad_rise, grad_z))]
         return []
+
+    def _judge_early(self, s: StepView, x: float, g: float) -> list[Alert]:
+        """Too few losses for a noise estimate: only a gross jump of the loss, with one of
+        the gradient norm where it is reported."""
+        cfg = self.settings
+        rise = x - self._loss.level()
+        if rise < math.log(cfg.early_rise_ratio):
+            return []
+        grad = None
+        if math.isfinite(g) and self._grad.seen >= cfg.early_min_history:
+            grad_rise = g - self._grad.level()
+            if grad_rise < math.log(cfg.early_grad_jump_ratio):
+                return []
+            grad = (grad_rise, self._grad.z(g))
+        return [self._spike(s, rise, self._loss.z(x), grad)]
 
     def _spike(self, s: StepView, rise: float, z: float, grad: tuple[float, float] | None) -> Alert:
         self._quiet_until = s.step + self.settings.cooldown_steps

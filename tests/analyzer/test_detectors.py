@@ -70,6 +70,34 @@ def test_loss_spike_on_a_falling_loss_logged_every_10_steps() -> None:
         assert _run_logged(LossSpikeDetector(), _logged_every(10, 100, seed)) == []
 
 
+def _early(points: list[tuple[float, float]]) -> list:
+    """(loss, grad_norm) per logged step (every 4 steps) into a fresh detector."""
+    detector = LossSpikeDetector()
+    return [
+        a
+        for i, (loss, grad) in enumerate(points)
+        for a in detector.observe(StepView("r", 4 * i, 4.0 * i, loss, grad))
+    ]
+
+
+def test_a_gross_spike_before_the_noise_estimate_is_flagged() -> None:
+    # A real 4-rank run: the loss fell from 5.6, then tripled with the gradient norm at its
+    # eighth logged step, long before min_history (20) losses.
+    falling = [(5.6 - 0.4 * i, 1.2 - 0.05 * i) for i in range(8)]
+    alerts = _early([*falling, (8.3, 17.0), (2.5, 0.9), (2.4, 0.8)])
+    assert [a.step for a in alerts] == [32] and "2." in alerts[0].message
+    # Without a gradient norm, the loss alone: doubled is a spike.
+    alerts = _early([*((loss, math.nan) for loss, _ in falling), (8.0, math.nan)])
+    assert [a.step for a in alerts] == [32]
+
+
+def test_early_rises_short_of_gross_are_left_to_the_noise_rules() -> None:
+    falling = [(5.6 - 0.4 * i, 1.2 - 0.05 * i) for i in range(8)]
+    assert _early([*falling, (4.0, 6.0)]) == []  # loss 1.5x: not gross
+    assert _early([*falling, (8.3, 1.1)]) == []  # the gradient norm did not jump: a hard batch
+    assert _early([*falling[:3], (8.3, 17.0)]) == []  # 3 losses: too few for a level
+
+
 def test_no_alert_where_a_fast_fall_flattens_out() -> None:
     # A loss that halves over ~10 logged steps and then stays flat: a level that followed
     # the earlier trend past the bend would stand below the flat loss and raise alarms.
