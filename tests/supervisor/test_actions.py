@@ -32,6 +32,14 @@ def test_a_lost_rank_fences_and_resumes_from_the_latest() -> None:
     assert (p.node, p.rollback_at_most_step) == ("node0", None)
 
 
+def test_a_hang_fences_the_rank_the_others_wait_for_and_resumes_from_the_latest() -> None:
+    p = plan(alert("hang", 40, rank=3, start=40), KindPolicy("act"), NODES, 2)
+    assert (p.node, p.rollback_at_most_step) == ("node1", None)
+    # A whole-job pause names no rank (the watchdog names the phase): nothing to fence.
+    with pytest.raises(ValueError, match="hang at step 40 names no rank"):
+        plan(alert("hang", 40), KindPolicy("act"), NODES, 2)
+
+
 def test_divergence_rolls_back_to_before_the_onset_and_fences_nothing() -> None:
     p = plan(alert("loss_diverging", 35, start=27), KindPolicy("act", skip_data=True), NODES, 2)
     assert (p.node, p.rollback_at_most_step, p.skip_data) == (None, 26, True)
