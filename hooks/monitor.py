@@ -55,6 +55,7 @@ from .replica import ReplicaFingerprint
 from .runmeta import run_metadata
 from .spool import default_spool_dir
 from .timing import StepTimer
+from .tokens import TokenCheck
 from .update import UpdateMeter
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,10 @@ class Monitor:
             world_size=self.world_size, interval_s=cfg.export_interval_s,
             queue_size=cfg.queue_size, runs_row=run_meta if self.rank == 0 else None,
         )  # fmt: skip
+        # `tokens` must be this rank's: checked against the token ids its forwards received.
+        self.tokens_check = TokenCheck(
+            model, lambda detail: self.event("tokens_suspect", self.step_count, self.rank, detail)
+        )
         self.liveness = Liveness(cfg.first_step)  # what this rank's heartbeats say
         self._phases = PhaseHooks(model, self.liveness)
         self.comms.liveness = self.liveness
@@ -199,7 +204,8 @@ class Monitor:
 
         loss: this rank's loss tensor (on the device; not read here), or a number; a tensor
         of per-sample losses counts as its mean. tokens: tokens this rank processed in the
-        step. lr: the learning rate the step used, if known (a number of any kind).
+        step, not the global batch's (checked: tokens.py). lr: the learning rate the step
+        used, if known (a number of any kind).
         """
         now, arrival_unix_s = time.perf_counter(), time.time()
         step_time_s, self._last_step_end = now - self._last_step_end, now
@@ -209,6 +215,7 @@ class Monitor:
             lr = float(lr)  # numpy and tensor lrs too; sync point only for an lr on the GPU
         for meter in self.meters:
             meter.end_step(loss)
+        self.tokens_check.step(tokens, self.step_count)
         if self._active:
             timing = {"step_time_s": step_time_s, "arrival_unix_s": arrival_unix_s}
             self._launch(loss, tokens, lr, timing)
@@ -273,6 +280,7 @@ class Monitor:
         self._closed = True
         self.heartbeat.close("ended")  # first: a slow drain below must not look like a hang
         self._phases.close()
+        self.tokens_check.close()
         for meter in self.meters:
             meter.close()
         self._model._trainvitals_attached = False

@@ -338,3 +338,79 @@ def test_a_head_tied_to_the_embedding_is_measured_once() -> None:
     head_grad = torch.cat([model.embed.weight.grad.flatten(), model.head.bias.grad])
     assert layers["head"]["grad_norm"] == pytest.approx(head_grad.norm().item(), rel=1e-6)
     assert layers["embed"]["grad_norm"] == 0 and layers["embed"]["param_norm"] == 0
+
+
+def _tokens_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "not the global count" in r.getMessage()]
+
+
+def _train_with_tokens(model, monitor, micro_batches: int, tokens_per_id: int) -> None:
+    """Four steps, each of `micro_batches` forwards of _ids(); `tokens` passed as
+    tokens_per_id x the ids of the step (2: the global count of a job with dp = 2)."""
+    for step in range(4):
+        ids = [_ids(step * micro_batches + m) for m in range(micro_batches)]
+        for x in ids:
+            _loss(model, x).backward()
+        monitor.step(loss=1.0, tokens=tokens_per_id * sum(x.numel() for x in ids))
+        model.zero_grad()
+    monitor.close()
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_this_ranks_tokens_pass_without_a_warning(caplog, micro_batches) -> None:
+    model, out, monitor = _watched()
+    _train_with_tokens(model, monitor, micro_batches, tokens_per_id=1)
+    assert _tokens_warnings(caplog) == []
+    assert not [e for e in out.rows("events") if e["kind"] == "tokens_suspect"]
+    assert [r["tokens"] for r in out.rows("steps")] == [12 * micro_batches] * 4
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_a_global_token_count_is_warned_about_once_and_recorded(caplog, micro_batches) -> None:
+    """What a dp = 2 job's user passes when they give the global batch's tokens: 2x the ids
+    this rank's forwards saw (over gradient accumulation's micro-batches too)."""
+    model, out, monitor = _watched()
+    _train_with_tokens(model, monitor, micro_batches, tokens_per_id=2)
+    seen = 12 * micro_batches
+    (warning,) = _tokens_warnings(caplog)
+    assert f"tokens={2 * seen}) at step 0" in warning and f"saw {seen} token ids" in warning
+    (event,) = [e for e in out.rows("events") if e["kind"] == "tokens_suspect"]
+    assert event["step"] == 0 and event["rank"] == 0
+    assert orjson.loads(event["detail"]) == {"tokens": 2 * seen, "token_ids_seen": seen}
+    assert len(out.rows("steps")) == 4  # the run goes on, every step recorded
+
+
+class _KeywordIds(nn.Module):
+    """Called as Hugging Face models are: input_ids, attention_mask and labels by keyword."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Model()
+
+    def forward(self, input_ids, attention_mask, labels):
+        logits = self.inner(input_ids * attention_mask)
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+@pytest.mark.parametrize(("tokens_per_id", "warned"), [(1, 0), (2, 1)])
+def test_token_ids_passed_by_keyword_count_once_per_forward(caplog, tokens_per_id, warned) -> None:
+    model, out, monitor = _watched(_KeywordIds())
+    for step in range(2):
+        ids = _ids(step)
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+        loss.backward()
+        monitor.step(loss=loss, tokens=tokens_per_id * ids.numel())
+        model.zero_grad()
+    monitor.close()
+    assert len(_tokens_warnings(caplog)) == warned
+    assert len([e for e in out.rows("events") if e["kind"] == "tokens_suspect"]) == warned
+
+
+def test_a_model_fed_floats_is_not_judged_on_its_tokens(caplog) -> None:
+    model, out, monitor = _watched(_ScaledInPlace())
+    x = torch.randn(4, 8)
+    model(x).square().mean().backward()
+    monitor.step(loss=1.0, tokens=10**6)  # no ids to compare with: nothing to say
+    monitor.close()
+    assert _tokens_warnings(caplog) == []
+    assert not [e for e in out.rows("events") if e["kind"] == "tokens_suspect"]
