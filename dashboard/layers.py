@@ -32,6 +32,8 @@ METRICS = (
     LayerMetric("act_rms", "activation RMS"),
     LayerMetric("update_rms", "update RMS"),
 )
+# The drill-down's line of update_rms over param_norm (update_ratio).
+UPDATE_RATIO = "update / parameter ratio"
 
 
 def load(client: CollectorClient, run: RunSummary, window: Window) -> dict[str, Series]:
@@ -91,19 +93,21 @@ def drill_down(client: CollectorClient, run: RunSummary, window: Window) -> None
         format_func=lambda i: names[i],
         key=DRILL_KEY,
         max_selections=MAX_DRILL_LAYERS,
-        placeholder="Pick layers: their gradient norm, activation RMS and update RMS as lines",
+        placeholder="Pick layers: their gradient norm, activation RMS, update RMS and update / "
+        "parameter ratio as lines",
     )
     if not chosen:
         st.caption("Pick up to 8 layers above to see their statistics as lines.")
         return
     steps = view_steps(window, run)
     st.caption("Each point: the layer's max over a bucket of steps, so a spike survives.")
+    frames = {
+        field: drill_frame(client, run, window, field, chosen)
+        for field in (*(m.field for m in METRICS), "param_norm")
+    }
     columns = st.columns(len(METRICS))
     for column, metric in zip(columns, METRICS, strict=True):
-        grid = client.layers(
-            run.run_id, metric.field, window.start, window.end, DRILL_POINTS, "max", chosen
-        )
-        frame = grid.frame.assign(layer=grid.frame["layer_name"])
+        frame = frames[metric.field]
         if not frame["value"].notna().any():
             column.info(f"This run did not report the {metric.name} of these layers here.")
             continue
@@ -116,6 +120,50 @@ def drill_down(client: CollectorClient, run: RunSummary, window: Window) -> None
                 x=charts.step_x(steps),
             )
         )
+    update_ratio_chart(update_ratio(frames["update_rms"], frames["param_norm"]), steps)
+
+
+def drill_frame(
+    client: CollectorClient, run: RunSummary, window: Window, field: str, chosen: list[int]
+) -> pd.DataFrame:
+    """The chosen layers' `field`, bucketed to DRILL_POINTS steps, a `layer` column named."""
+    grid = client.layers(run.run_id, field, window.start, window.end, DRILL_POINTS, "max", chosen)
+    return grid.frame.assign(layer=grid.frame["layer_name"])
+
+
+def update_ratio(update: pd.DataFrame, params: pd.DataFrame) -> pd.DataFrame:
+    """update_rms / param_norm per (step, layer): both fetched on the same buckets, so a
+    row pairs the two maxima of one bucket. NaN where either is missing or the norm is 0."""
+    both = update.merge(
+        params[["step", "layer", "value"]], on=["step", "layer"], suffixes=("", "_param")
+    )
+    norm = both.pop("value_param")
+    return both.assign(value=both["value"] / norm.where(norm > 0))
+
+
+def update_ratio_chart(ratio: pd.DataFrame, steps: tuple[int, int]) -> None:
+    if not ratio["value"].notna().any():
+        st.info(
+            f"This run did not report the {UPDATE_RATIO} of these layers here: it needs "
+            "both the update RMS and the parameter norm."
+        )
+        return
+    st.altair_chart(
+        charts.multi_line(
+            ratio,
+            "layer",
+            f"{UPDATE_RATIO[0].upper()}{UPDATE_RATIO[1:]}",
+            UPDATE_RATIO,
+            x=charts.step_x(steps),
+        )
+    )
+    st.caption(
+        "Update / parameter ratio = update RMS / parameter L2 norm, of the layer at the "
+        "logged step (bucket maxima of each), dimensionless. The update RMS is per element "
+        "and the norm over the layer's n parameters, so this is the relative update "
+        "||dW|| / ||W|| divided by sqrt(n): follow a layer over time (a jump is a step too "
+        "large for its weights); layers of different sizes differ by their sqrt(n)."
+    )
 
 
 def heatmap(metric: LayerMetric, grid: Series, steps: tuple[int, int]) -> None:

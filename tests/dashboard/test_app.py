@@ -18,6 +18,7 @@ from tests.dashboard.canned import canned_run
 from trainvitals.dashboard.app import URL_ENV_VAR, collector_url, count_label
 from trainvitals.dashboard.charts import INVALID_CELL_COLOR
 from trainvitals.dashboard.launch import APP_PATH
+from trainvitals.dashboard.layers import DRILL_KEY
 from trainvitals.dashboard.state import (
     JUMP_WIDTH_STEPS,
     SLIDER_KEY,
@@ -517,3 +518,40 @@ def test_mfu_from_an_estimated_flops_count_is_labelled_an_estimate(
     canned_run(canned_collector, n_steps=3, peak_flops_per_s=1e12, flops_source="configured")
     at = run_app(monkeypatch, canned_collector.url)
     assert [m.label for m in at.metric if m.label.startswith("MFU")] == ["MFU"]
+
+
+def test_the_drill_down_draws_each_layers_update_over_its_parameter_norm(
+    monkeypatch, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=3, layer_names=["emb", "out"])
+    canned_collector.routes["/api/v1/runs/r1/layers"] = layer_answers(
+        {
+            "grad_norm": [1.0] * 6,
+            "act_rms": [1.0] * 6,
+            "update_rms": [None, None, 1e-3, 2e-3, 4e-3, 6e-3],  # no update before step 1
+            "param_norm": [2.0, 4.0, 2.0, 4.0, 2.0, 0.0],  # a zero norm: no ratio
+        }
+    )
+    at = run_app(monkeypatch, canned_collector.url, view="Layers")
+    at = at.multiselect(key=DRILL_KEY).set_value([0, 1]).run()
+    assert not at.exception
+    [(spec, data)] = chart_data(at, "Update / parameter ratio")
+    [rows] = data.values()
+    ratios = {(r["step"], r["layer"]): r["value"] for r in rows if r["value"] is not None}
+    assert ratios == pytest.approx({(1, "emb"): 5e-4, (1, "out"): 5e-4, (2, "emb"): 2e-3})
+    assert spec["encoding"]["color"]["field"] == "layer"
+    assert "update RMS / parameter L2 norm" in texts(at.caption)
+
+
+def test_the_drill_down_says_why_a_run_without_parameter_norms_has_no_update_ratio(
+    monkeypatch, canned_collector
+) -> None:
+    canned_run(canned_collector, n_steps=3, layer_names=["emb", "out"])
+    canned_collector.routes["/api/v1/runs/r1/layers"] = layer_answers(
+        {"grad_norm": [1.0] * 6, "act_rms": [1.0] * 6, "update_rms": [1e-3] * 6}
+    )
+    at = run_app(monkeypatch, canned_collector.url, view="Layers")
+    at = at.multiselect(key=DRILL_KEY).set_value([1]).run()
+    assert not at.exception
+    assert chart_data(at, "Update RMS") and not chart_data(at, "Update / parameter ratio")
+    assert any("update / parameter ratio of these layers" in i.value for i in at.info)
