@@ -18,24 +18,29 @@ from trainvitals.analyzer import Alert, Analyzer
 from trainvitals.analyzer.live import LiveAnalysis
 from trainvitals.schema import ALERTS, DTYPES
 
+from .state import LiveState
 from .store import Store
 
 
-def follow(store: Store, analyzer: Analyzer, **options: Any) -> LiveAnalysis:
+def follow(
+    store: Store, analyzer: Analyzer, live: LiveState | None = None, **options: Any
+) -> LiveAnalysis:
     """The live analysis of what `store` commits from now on (call before `store.start`),
-    resuming after the runs it holds; `options` go to LiveAnalysis (delay_s, clock...)."""
-    analysis = LiveAnalysis(analyzer, AlertLog(store), **options)
+    resuming after the runs it holds; its alerts are counted in `live` (/metrics) when
+    given. `options` go to LiveAnalysis (delay_s, clock...)."""
+    analysis = LiveAnalysis(analyzer, AlertLog(store, live), **options)
     analysis.start(store.query)
     store.listen(analysis)
     return analysis
 
 
 class AlertLog:
-    """Stores alerts (INSERT OR IGNORE on their key) and counts them in the store's
-    LiveState. Callable from any thread: each thread gets a cursor of its own."""
+    """Stores alerts (INSERT OR IGNORE on their key) and counts them in `live` (/metrics)
+    when given. Callable from any thread: each thread gets a cursor of its own."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, live: LiveState | None = None) -> None:
         self.store = store
+        self.live = live
         self._local = threading.local()
 
     def __call__(self, alerts: list[Alert]) -> None:
@@ -45,8 +50,10 @@ class AlertLog:
         if cur is None:
             cur = self._local.cur = self.store.cursor()
         insert_alerts(cur, alerts)
+        if self.live is None:
+            return
         for run_id, raised in groupby(alerts, key=lambda a: a.run_id):
-            self.store.state.count_alerts(run_id, list(raised))
+            self.live.count_alerts(run_id, list(raised))
 
 
 def insert_alerts(cur: duckdb.DuckDBPyConnection, alerts: list[Alert]) -> None:

@@ -8,6 +8,7 @@ from trainvitals.analyzer.live import LiveAnalysis
 
 from .decoding import Decoder
 from .settings import Settings
+from .state import LiveState
 from .store import Store
 from .watchdog import LiveWatchdog
 
@@ -18,6 +19,11 @@ def get_settings(request: Request) -> Settings:
 
 def get_store(request: Request) -> Store:
     return request.app.state.store
+
+
+def get_live(request: Request) -> LiveState:
+    """Each run's latest values and the collector's counts, for /metrics (state.py)."""
+    return request.app.state.live
 
 
 def get_watchdog(request: Request) -> LiveWatchdog | None:

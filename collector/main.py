@@ -24,6 +24,7 @@ from .decoding import Decoder
 from .limits import DecodeBudget
 from .middleware import CollectorMiddleware
 from .settings import Settings
+from .state import load_live_state
 from .store import Store
 from .watchdog import LiveWatchdog
 
@@ -73,9 +74,16 @@ def create_app(
             retention_days=settings.retention_days,
             memory_limit=settings.memory_limit,
         )
-        # The detectors follow the writer's commits (analysis.py); none in replay mode.
+        # /metrics reads each run's latest values, loaded from the store (also in replay
+        # mode) and kept by following the writer's commits (state.py).
+        live = load_live_state(store)
+        # The detectors follow the writer's commits too (analysis.py); none in replay mode.
         analyzer = Analyzer(config=config)
-        analysis = None if settings.replay else follow(store, analyzer, clock=analysis_clock)
+        analysis = None
+        if not settings.replay:
+            store.listen(live)  # first: /metrics has a batch by the time it is acknowledged
+            analysis = follow(store, analyzer, live, clock=analysis_clock)
+        app.state.live = live
         app.state.analysis = analysis
         store.start()
         _warn_if_open(settings)
@@ -88,7 +96,7 @@ def create_app(
         app.state.watchdog = (
             None
             if settings.replay
-            else LiveWatchdog(store, settings=config.liveness, clock=watchdog_clock)
+            else LiveWatchdog(store, live, settings=config.liveness, clock=watchdog_clock)
         )
         if app.state.watchdog is not None:
             _rebuild(app.state.watchdog)  # the runs live before a restart (watchdog.py)

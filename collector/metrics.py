@@ -17,10 +17,10 @@ from prometheus_client.registry import Collector
 
 from trainvitals.analyzer.live import LiveAnalysis
 
-from .deps import get_analysis, get_settings, get_store, get_watchdog
+from .deps import get_analysis, get_live, get_settings, get_store, get_watchdog
 from .settings import Settings
-from .state import LiveState, RunState
-from .store import Store
+from .state import CollectorStats, LiveState, RunState
+from .store import Store, WriteStats
 from .watchdog import LiveWatchdog
 
 router = APIRouter(tags=["metrics"])
@@ -137,7 +137,7 @@ class TrainvitalsCollector(Collector):
         yield active
         yield dropped
         yield ended
-        yield from _self_metrics(stats, self.store.queue_depth, self.analysis)
+        yield from _self_metrics(stats, self.store.writes, self.store.queue_depth, self.analysis)
         yield GaugeMetricFamily(
             "trainvitals_collector_store_writable",
             "1 while the store takes writes; 0 after a write failed for want of storage (a "
@@ -209,7 +209,9 @@ def _watchdog_metrics(watchdog: LiveWatchdog):
     )
 
 
-def _self_metrics(stats, queue_depth: int, analysis: LiveAnalysis | None):
+def _self_metrics(
+    stats: CollectorStats, writes: WriteStats, queue_depth: int, analysis: LiveAnalysis | None
+):
     requests = CounterMetricFamily(
         "trainvitals_collector_http_requests",
         "HTTP requests served, by status code.",
@@ -237,13 +239,13 @@ def _self_metrics(stats, queue_depth: int, analysis: LiveAnalysis | None):
         "stays; the sender is told), by table.",
         labels=["table"],
     )
-    for table, n in stats.changed_rows.items():
+    for table, n in writes.changed_rows.items():
         changed.add_metric([table], n)
     yield changed
     yield CounterMetricFamily(
         "trainvitals_collector_write_errors",
         "Batches the writer failed to store.",
-        value=stats.write_errors,
+        value=writes.write_errors,
     )
     yield GaugeMetricFamily(
         "trainvitals_collector_queue_depth_batches",
@@ -253,17 +255,17 @@ def _self_metrics(stats, queue_depth: int, analysis: LiveAnalysis | None):
     yield CounterMetricFamily(
         "trainvitals_collector_write_seconds",
         "Time spent writing batches.",
-        value=stats.write_seconds_sum,
+        value=writes.write_seconds_sum,
     )
     yield CounterMetricFamily(
         "trainvitals_collector_written_batches",
         "Batches written to the store.",
-        value=stats.written_batches,
+        value=writes.written_batches,
     )
     yield CounterMetricFamily(
         "trainvitals_collector_commits",
         "Store transactions; each holds every batch that was waiting (a group commit).",
-        value=stats.commits,
+        value=writes.commits,
     )
     yield GaugeMetricFamily(
         "trainvitals_collector_analysis_lag_seconds",
@@ -306,11 +308,12 @@ def build_registry(
 @router.get("/metrics")
 def metrics(
     store: Annotated[Store, Depends(get_store)],
+    live: Annotated[LiveState, Depends(get_live)],
     settings: Annotated[Settings, Depends(get_settings)],
     watchdog: Annotated[LiveWatchdog | None, Depends(get_watchdog)],
     analysis: Annotated[LiveAnalysis | None, Depends(get_analysis)],
 ) -> Response:
-    registry = build_registry(store.state, store, watchdog, settings.max_metrics_runs, analysis)
+    registry = build_registry(live, store, watchdog, settings.max_metrics_runs, analysis)
     return Response(
         generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8"
     )

@@ -41,7 +41,7 @@ class CollectorMiddleware:
     def __init__(self, app: ASGIApp, reader_token: str, state: State) -> None:
         self.app = app
         self.reader_token = reader_token
-        self.state = state  # the FastAPI app's state: the store, once the lifespan opened it
+        self.state = state  # the FastAPI app's state: the live state, once the lifespan made it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,12 +68,12 @@ class CollectorMiddleware:
 
     def _count(self, path: str, status: int) -> None:
         """Count a request by status in /metrics; a 4xx to ingest is a rejected batch too."""
-        store = getattr(self.state, "store", None)
-        if store is None:
+        live = getattr(self.state, "live", None)
+        if live is None:
             return
-        store.state.count_request(status)
+        live.count_request(status)
         if path in _BATCH_PATHS and 400 <= status < 500:
-            store.state.count_rejected()
+            live.count_rejected()
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -370,7 +370,7 @@ async def receive_metrics(
         rejected = await _receive(request, ctype, settings, store, decoder, authorization)
     except HTTPException as e:
         if e.status_code < 500:
-            store.state.count_rejected()
+            request.app.state.live.count_rejected()
         message = str(e.detail)
         if len(message) > _MAX_MESSAGE:  # parser errors may quote the offending input
             message = message[:_MAX_MESSAGE] + "..."

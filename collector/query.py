@@ -88,9 +88,8 @@ def _store_version(store: Store) -> Any:
     """Changes whenever the store commits; constant for a read-only (replayed) store."""
     if getattr(store, "read_only", False):
         return ("read-only", id(store))
-    state = getattr(store, "state", None)
-    stats = getattr(state, "stats", None)
-    return (id(store), getattr(stats, "commits", None), getattr(stats, "written_batches", None))
+    writes = getattr(store, "writes", None)  # counted before the commit is acknowledged
+    return (id(store), getattr(writes, "commits", None), getattr(writes, "written_batches", None))
 
 
 _cache = _ResponseCache()

@@ -1,8 +1,10 @@
-"""In-memory view of each run's latest values, kept by the writer, read by /metrics.
+"""In-memory view of each run's latest values, kept behind the writer, read by /metrics.
 
-Prometheus scrapes must be cheap and must not touch the store: the writer updates this
-small summary after every commit, and a scrape reads it under a lock. An update costs a
-few vectorised passes over the batch's columns, not a Python object per row.
+Prometheus scrapes must be cheap and must not touch the store: `LiveState` is a commit
+listener of the store (the collector's lifespan, main.py, loads it from the store and
+makes it one), so it folds in every commit before the batch is acknowledged, and a scrape
+reads it under a lock. An update costs a few vectorised passes over the batch's columns,
+not a Python object per row.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import duckdb
 import numpy as np
 import pyarrow.compute as pc
 
 from trainvitals.analyzer import Alert
 from trainvitals.analyzer.alerts import EPISODE_KINDS, RESOLVED
 from trainvitals.schema import STEPS
+
+from .store import Store, StoreError, damaged
 
 # steps fields mirrored per run (latest logged step): those the schema declares live.
 STEP_FIELDS = tuple(f.name for f in STEPS.fields if f.live)
@@ -69,20 +74,18 @@ class RunState:
 
 @dataclass
 class CollectorStats:
-    """Self-metrics of the collector (exported as trainvitals_collector_*)."""
+    """Self-metrics of the collector (exported as trainvitals_collector_*); the writer's
+    own counts are the store's (`Store.writes`)."""
 
     requests: Counter = field(default_factory=Counter)  # by HTTP status code
     rejected_batches: int = 0
     ingested_rows: Counter = field(default_factory=Counter)  # by table
-    written_batches: int = 0
-    write_seconds_sum: float = 0.0
-    write_errors: int = 0
-    commits: int = 0  # transactions: written_batches / commits is the group commit's size
-    # Rows not stored because their key holds other values (the first copy stays), by table.
-    changed_rows: Counter = field(default_factory=Counter)
 
 
 class LiveState:
+    """Each run's latest values and the collector's counts: a commit listener of the
+    store (`Store.listen`), loaded from it at start-up (`load`)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.runs: dict[str, RunState] = {}
@@ -115,6 +118,16 @@ class LiveState:
                 run.ended_unix_s = max(end, run.ended_unix_s or end)
             for name, t in tables.items():
                 self.stats.ingested_rows[name] += t.num_rows
+
+    def committed(self, run_id: str, tables: dict[str, Any]) -> None:
+        """A commit listener: the rows one commit added (store.CommitListener)."""
+        self.update(run_id, tables)
+
+    def drain(self, timeout_s: float) -> bool:
+        return True  # folded in on the writer thread: nothing is ever behind
+
+    def close(self, timeout_s: float) -> None:
+        pass
 
     def count_alerts(self, run_id: str, alerts: list[Alert]) -> None:
         """Count raised alerts; open and close episodes (alerts.EPISODE_KINDS)."""
@@ -190,11 +203,6 @@ class LiveState:
                 Counter(s.requests),
                 s.rejected_batches,
                 Counter(s.ingested_rows),
-                s.written_batches,
-                s.write_seconds_sum,
-                s.write_errors,
-                s.commits,
-                Counter(s.changed_rows),
             )
             return runs, stats
 
@@ -212,20 +220,17 @@ class LiveState:
         with self._lock:
             self.stats.rejected_batches += 1
 
-    def count_changed(self, rows_by_table: dict[str, int]) -> None:
-        """Rows not stored: their key holds other values (the store keeps the first copy)."""
-        with self._lock:
-            self.stats.changed_rows.update(rows_by_table)
 
-    def count_write(self, seconds: float | None, batches: int = 1) -> None:
-        """`batches` written in one commit (taking `seconds`), or one failed (None)."""
-        with self._lock:
-            if seconds is None:
-                self.stats.write_errors += 1
-            else:
-                self.stats.written_batches += batches
-                self.stats.commits += 1
-                self.stats.write_seconds_sum += seconds
+def load_live_state(store: Store) -> LiveState:
+    """The live state of what `store` holds (at start-up, and in replay mode); raises
+    StoreError naming a damaged file (and closes the store) if it cannot be read."""
+    live = LiveState()
+    try:
+        live.load(store.query)  # /metrics is whole again after a restart
+    except duckdb.Error as e:
+        store.close()
+        raise StoreError(damaged(store.path, e)) from e
+    return live
 
 
 def _follow_episode(

@@ -8,12 +8,14 @@ so an acknowledged batch survives a kill -9 of the collector. If a group fails, 
 batches are retried one by one, so that one bad batch fails alone and every batch is
 still stored whole or not at all. `INSERT OR IGNORE` on each table's key makes a resent
 batch a no-op, also when the first copy is in the same group. Only the rows the store
-added go on to /metrics (state.py) and to the commit listeners, so none sees a resend's
-values where the store kept the first copy's.
+added go on to the commit listeners, so none sees a resend's values where the store kept
+the first copy's.
 
-Commit listeners (`listen`) hear of every commit, in commit order, on the writer thread:
-the collector's lifespan (main.py) makes the live analysis one (analyzer/live.py), which
-runs the detectors behind the writer, not in the commit.
+Commit listeners (`listen`) hear of every commit, in commit order, on the writer thread,
+before the batch is acknowledged: the collector's lifespan (main.py) makes the live state
+behind /metrics (state.py) one and the live analysis (analyzer/live.py) another, which
+runs the detectors behind the writer, not in the commit. The store itself counts only
+its writes (`writes`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import queue
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,7 +40,6 @@ import pyarrow as pa
 from trainvitals.schema import DTYPES, STORE_TABLES, Table, ddl
 
 from .memory import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
-from .state import LiveState
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,8 @@ class CommitListener(Protocol):
 
     def committed(self, run_id: str, tables: dict[str, pa.Table]) -> None:
         """The rows one commit added for `run_id` (a resend's rows the store ignored are
-        not among them). May block: the writer waits, and ingest with it."""
+        not among them), before the batch is acknowledged: whoever hears the answer sees
+        it in every listener. May block: the writer waits, and ingest with it."""
         ...
 
     def forget(self, run_ids: list[str]) -> None:
@@ -98,13 +102,26 @@ class CommitListener(Protocol):
         ...
 
 
+@dataclass
+class WriteStats:
+    """The writer's own counts (exported as trainvitals_collector_*)."""
+
+    written_batches: int = 0
+    write_seconds_sum: float = 0.0
+    write_errors: int = 0
+    commits: int = 0  # transactions: written_batches / commits is the group commit's size
+    # Rows not stored because their key holds other values (the first copy stays), by table.
+    changed_rows: Counter = field(default_factory=Counter)
+
+
 class Store:
+    """Persistence (one writer thread, group commits) plus commit listeners (`listen`)."""
+
     def __init__(
         self,
         path: str,
         *,
         read_only: bool = False,
-        state: LiveState | None = None,
         queue_max_batches: int = 1024,
         retention_days: float = 0,
         memory_limit: str = DEFAULT_MEMORY_LIMIT,
@@ -120,15 +137,16 @@ class Store:
             self._con.execute(f"SET memory_limit = '{limit_bytes // 2**10}KiB'")
         except duckdb.Error as e:
             raise StoreError(damaged(path, e)) from e
-        self.state = state or LiveState()
         try:
             if not read_only:
                 self._create_tables()
-            self.state.load(self.query)  # /metrics is whole again after a restart
+            self._read_every_table()
         except duckdb.Error as e:  # a file cut short opens, then fails on its first read
             self._con.close()
             raise StoreError(damaged(path, e)) from e
         self._listeners: list[CommitListener] = []
+        self._writes = WriteStats()
+        self._writes_lock = threading.Lock()
         self.retention_days = retention_days
         self._queue: queue.Queue = queue.Queue(maxsize=queue_max_batches)
         self._writer: threading.Thread | None = None
@@ -139,6 +157,12 @@ class Store:
         for table in STORE_TABLES.values():
             self._con.execute(ddl(table))
             self._add_missing_columns(table)
+
+    def _read_every_table(self) -> None:
+        """A file cut short opens, then fails on its first read: read now, so that a
+        damaged store is named when it is opened, not at some later query."""
+        for name in STORE_TABLES:
+            self._con.execute(f"SELECT count(run_id) FROM {name}").fetchall()
 
     def _add_missing_columns(self, table: Table) -> None:
         """A store made before a field was added gains it (as a nullable column)."""
@@ -180,6 +204,23 @@ class Store:
         except queue.Full as e:
             raise QueueFull(f"write queue is full ({self._queue.maxsize} batches)") from e
         return done
+
+    @property
+    def writes(self) -> WriteStats:
+        """A copy of the writer's counts so far."""
+        with self._writes_lock:
+            w = self._writes
+            return replace(w, changed_rows=Counter(w.changed_rows))
+
+    def _count_write(self, seconds: float | None, batches: int = 1) -> None:
+        """`batches` written in one commit (taking `seconds`), or one failed (None)."""
+        with self._writes_lock:
+            if seconds is None:
+                self._writes.write_errors += 1
+            else:
+                self._writes.written_batches += batches
+                self._writes.commits += 1
+                self._writes.write_seconds_sum += seconds
 
     @property
     def queue_depth(self) -> int:
@@ -254,19 +295,19 @@ class Store:
         seconds = time.perf_counter() - start
         # Only the rows the store added go on: a resent key keeps its first copy in the
         # store, so /metrics and the analyzer must not see the resend's values either.
+        if stored:
+            self._count_write(seconds, batches=len(stored))
         for run_id, rows, done, changed in stored:
-            self.state.update(run_id, rows)
             if changed:
                 # Same key, other values: the store keeps the first copy. Counted, and the
                 # sender is told (ingest's answer), never acknowledged as if stored.
-                self.state.count_changed(changed)
+                with self._writes_lock:
+                    self._writes.changed_rows.update(changed)
                 log.warning("run %s: rows not stored, their keys hold other values: %s",
                             run_id, changed)  # fmt: skip
-            done.set_result(changed or None)  # None: every row stored as sent
             for listener in self._listeners:
                 listener.committed(run_id, rows)  # the live analysis waits if far behind
-        if stored:
-            self.state.count_write(seconds, batches=len(stored))
+            done.set_result(changed or None)  # None: every row stored as sent
         for _ in group:
             self._queue.task_done()
 
@@ -292,7 +333,7 @@ class Store:
             log.warning("batch of run %s not stored: %s", run_id, error)
         else:
             log.exception("writing a batch of run %s failed", run_id)
-        self.state.count_write(None)
+        self._count_write(None)
         done.set_exception(StoreError(f"batch not stored: {_cause(error)}"))
         return []
 
@@ -337,7 +378,6 @@ class Store:
             for table in STORE_TABLES:
                 cur.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [expired])
             cur.execute("COMMIT")
-            self.state.forget(expired)
             for listener in self._listeners:
                 listener.forget(expired)
             log.info(

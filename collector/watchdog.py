@@ -39,6 +39,7 @@ from trainvitals.analyzer.liveness import HANG, RANK_LOST, LivenessSettings, Wat
 from trainvitals.schema import HEARTBEATS
 
 from .analysis import AlertLog
+from .state import LiveState
 from .store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,15 @@ class LiveWatchdog:
     def __init__(
         self,
         store: Store,
+        live: LiveState,
         settings: LivenessSettings | None = None,
         clock: Callable[[], float] = time.time,
         lag_s: float = LAG_S,
         tick_s: float = TICK_S,
     ) -> None:
         self.store = store
-        self._alerts = AlertLog(store)
+        self.live = live  # the writer's view: which runs reported their end (state.py)
+        self._alerts = AlertLog(store, live)
         self.watchdog = Watchdog(settings or LivenessSettings())
         self.clock = clock
         self.lag_s = lag_s
@@ -127,7 +130,7 @@ class LiveWatchdog:
         restored = []
         for row in live:
             run_id, since_s = row["run_id"], row["last_s"] - cfg.forget_s
-            state = self.store.state.runs.get(run_id)
+            state = self.live.runs.get(run_id)
             if state is not None and state.ended_unix_s is not None:
                 continue  # a run_end event: it never alarms again
             heartbeats = self.store.query(
@@ -173,7 +176,7 @@ class LiveWatchdog:
     def _tell_run_ends(self) -> None:
         """A run_end event the writer saw (LiveState) ends that run here too, at its time."""
         for run_id in self.watchdog.open_runs():
-            run = self.store.state.runs.get(run_id)  # a dict read: atomic, no lock needed
+            run = self.live.runs.get(run_id)  # a dict read: atomic, no lock needed
             ended_s = None if run is None else run.ended_unix_s
             if ended_s is not None and run_id not in self._ended:
                 self._ended.add(run_id)

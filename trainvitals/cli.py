@@ -37,6 +37,7 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
 
     from trainvitals.collector.main import create_app
     from trainvitals.collector.settings import Settings
+    from trainvitals.collector.state import load_live_state
     from trainvitals.collector.store import Store, StoreError
 
     if isinstance(args.replay, str):  # --replay STORE, the short form of --store STORE --replay
@@ -64,7 +65,10 @@ def _collector(args: argparse.Namespace, _rest: list[str]) -> int | str:
     except ValueError as e:
         return f"error: {e}"
     try:
-        Store(args.store, read_only=args.replay, memory_limit=args.memory_limit).close()
+        # What the collector reads first (its live state): a damaged file is named here.
+        store = Store(args.store, read_only=args.replay, memory_limit=args.memory_limit)
+        load_live_state(store)  # closes the store if it cannot
+        store.close()
     except StoreError as e:
         return f"error: {e}"
 

@@ -121,7 +121,7 @@ def test_one_failing_batch_of_a_group_commit_fails_alone(tmp_path) -> None:
         assert (
             store.query("SELECT count(*) FROM steps WHERE run_id = 'bad'").column(0)[0].as_py() == 0
         )
-        assert store.state.stats.write_errors == 1
+        assert store.writes.write_errors == 1
     finally:
         store.close()
 

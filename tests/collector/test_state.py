@@ -80,17 +80,19 @@ def test_ingested_rows_count_only_rows_written(client) -> None:
 def test_a_group_with_a_resend_passes_on_each_batchs_new_rows(tmp_path) -> None:
     """Batches queued together are one commit; the overlap goes to the first one only."""
     store = Store(str(tmp_path / "s.duckdb"))
-    follow(store, Analyzer(), delay_s=0)
+    live = LiveState()
+    store.listen(live)
+    follow(store, Analyzer(), live, delay_s=0)
     try:
         for batch in (_steps("r1", range(3), loss=2.0), _steps("r1", range(2, 5), loss=7.0)):
             store.submit(*to_arrow(batch.to_dict()))
         store.start()  # the writer finds both waiting: one group
         store.flush()
-        assert store.state.stats.commits == 1
-        assert store.state.stats.ingested_rows == {"steps": 5}
+        assert store.writes.commits == 1
+        assert live.stats.ingested_rows == {"steps": 5}
         stored = store.query("SELECT step, loss FROM steps ORDER BY step").to_pylist()
         assert [r["loss"] for r in stored] == [2.0, 2.0, 2.0, 7.0, 7.0]
-        assert store.state.runs["r1"].latest["loss"] == 7.0
+        assert live.runs["r1"].latest["loss"] == 7.0
     finally:
         store.close()
 
