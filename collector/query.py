@@ -19,9 +19,19 @@ import pyarrow as pa
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from trainvitals.analyzer.goodput import stored_goodput
-from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS, STEPS
+from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS
 
 from .deps import get_store
+from .responses import (
+    RUN_SUMMARY_FIELDS,
+    STEP_MAXIMA,
+    STEP_VALUES,
+    AlertRow,
+    EventRow,
+    GoodputAnswer,
+    RunSummary,
+    StepSeries,
+)
 from .store import Store
 
 router = APIRouter(prefix="/api/v1", tags=["query"])
@@ -35,9 +45,6 @@ End = Annotated[
 Agg = Literal["max", "mean", "min"]
 _AGG_SQL = {"max": "max", "mean": "avg", "min": "min"}
 
-# Step columns served, all bucket means; loss and grad_norm also get a bucket max.
-_STEP_VALUES = [f.name for f in STEPS.fields if f.name not in ("step",) and f.dtype != "string"]
-_WITH_MAX = ("loss", "grad_norm")
 _LAYER_METRICS = tuple(f.name for f in LAYERS.fields if f.name not in ("step", "layer"))
 # Layers one request may name: a drill-down follows a few; every layer is the default.
 _MAX_LAYERS_ASKED = 100
@@ -144,7 +151,7 @@ def _step_window(
     return start, end, max(1, math.ceil((end - start + 1) / points))
 
 
-@router.get("/runs")
+@router.get("/runs", response_model=list[RunSummary])
 def list_runs(store: StoreDep) -> list[dict[str, Any]]:
     """Every run in the store that logged a step, newest first, with its metadata and
     progress. A run that attached and closed without a step trained nothing: not listed."""
@@ -153,16 +160,13 @@ def list_runs(store: StoreDep) -> list[dict[str, Any]]:
 
 def _list_runs(store: Store) -> list[dict[str, Any]]:
     rows = store.query(
-        """
+        f"""
         WITH progress AS (
             SELECT run_id, max(step) AS last_step, max(time_unix_s) AS last_time_unix_s
             FROM steps GROUP BY run_id),
         ids AS (SELECT run_id FROM progress)
-        SELECT ids.run_id, r.model, r.world_size, r.dp, r.tp, r.device_type, r.device_name,
-               r.started_unix_s, r.layer_names_json, r.peak_flops_per_s, r.peak_flops_source,
-               r.flops_source,
-               r.flops_per_token, r.n_params, r.power_source, r.power_unavailable,
-               r.token_target, p.last_step, p.last_time_unix_s
+        SELECT ids.run_id, {", ".join(f"r.{name}" for name in RUN_SUMMARY_FIELDS)},
+               r.layer_names_json, p.last_step, p.last_time_unix_s
         FROM ids LEFT JOIN runs r USING (run_id) LEFT JOIN progress p USING (run_id)
         ORDER BY coalesce(r.started_unix_s, p.last_time_unix_s) DESC NULLS LAST
         """
@@ -182,7 +186,7 @@ def _layer_names(text: str | None) -> list | None:
     return names if isinstance(names, list) else None
 
 
-@router.get("/runs/{run_id}/steps")
+@router.get("/runs/{run_id}/steps", response_model=StepSeries)
 def step_series(
     run_id: str,
     store: StoreDep,
@@ -201,8 +205,8 @@ def step_series(
 
 
 def _step_buckets(store: Store, run_id: str, start: int, end: int, bucket: int) -> dict[str, Any]:
-    values = [f"avg({c}) AS {c}" for c in _STEP_VALUES] + [
-        f"max({c}) AS {c}_max" for c in _WITH_MAX
+    values = [f"avg({c}) AS {c}" for c in STEP_VALUES] + [
+        f"max({c}) AS {c}_max" for c in STEP_MAXIMA
     ]
     table = store.query(
         f"""
@@ -425,7 +429,7 @@ def run_hosts(run_id: str, store: StoreDep) -> dict[str, Any]:
     return {"hosts": _hosts(store, run_id)}
 
 
-@router.get("/runs/{run_id}/goodput")
+@router.get("/runs/{run_id}/goodput", response_model=GoodputAnswer)
 def run_goodput(run_id: str, store: StoreDep) -> dict[str, Any]:
     """The run's goodput as the analyzer defines it (analyzer/goodput.py), the figure
     `trainvitals replay` prints: wall time, productive time, ratio and what was lost."""
@@ -438,14 +442,14 @@ def _goodput(store: Store, run_id: str) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in doc.items()}
 
 
-@router.get("/runs/{run_id}/alerts")
+@router.get("/runs/{run_id}/alerts", response_model=list[AlertRow])  # type: ignore[valid-type]
 def run_alerts(run_id: str, store: StoreDep) -> list[dict[str, Any]]:
     """The run's alerts in step order."""
     _require_run(store, run_id)
     return _alert_rows(store, "WHERE run_id = ? ORDER BY step", [run_id])
 
 
-@router.get("/runs/{run_id}/events")
+@router.get("/runs/{run_id}/events", response_model=list[EventRow])  # type: ignore[valid-type]
 def run_events(run_id: str, store: StoreDep) -> list[dict[str, Any]]:
     """The run's events in step order: injected faults (ground truth), restarts, checkpoints."""
     _require_run(store, run_id)
@@ -453,7 +457,7 @@ def run_events(run_id: str, store: StoreDep) -> list[dict[str, Any]]:
     return _rows(_columns(table))
 
 
-@router.get("/alerts")
+@router.get("/alerts", response_model=list[AlertRow])  # type: ignore[valid-type]
 def all_alerts(
     store: StoreDep, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000
 ) -> list[dict[str, Any]]:

@@ -7,6 +7,8 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from trainvitals.schema import ALERTS, EVENTS, RUNS, STEPS
+
 from .conftest import counts, make_batch
 
 
@@ -211,3 +213,31 @@ def test_a_run_with_ranks_rows_only_says_why_it_is_not_served(client) -> None:
     assert client.get("/api/v1/runs/nope/ranks").json()["detail"] == "no run 'nope' in this store"
     _fill(client, run_id="early", steps=range(1))
     assert client.get("/api/v1/runs/early/ranks").json()["rank"] == [0, 1]
+
+
+def test_openapi_documents_the_answers_with_the_schemas_fields(client) -> None:
+    """The typed answers follow the table declarations: every field a table declares is
+    in the model that mirrors it, and an answer holds exactly the documented keys."""
+    doc = client.get("/openapi.json").json()
+    models = doc["components"]["schemas"]
+
+    def props(name: str) -> set[str]:
+        return set(models[name]["properties"])
+
+    assert props("AlertRow") == {"run_id", *(f.name for f in ALERTS.fields)}
+    assert props("EventRow") == {"run_id", *(f.name for f in EVENTS.fields)}
+    assert {f.name for f in RUNS.fields if f.json is None} < props("RunSummary")
+    numeric = {f.name for f in STEPS.fields if f.dtype != "string"}
+    assert numeric < props("StepColumns")
+    for path, model in [
+        ("/api/v1/runs", "RunSummary"),
+        ("/api/v1/runs/{run_id}/alerts", "AlertRow"),
+        ("/api/v1/runs/{run_id}/events", "EventRow"),
+    ]:
+        answer = doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+        assert answer["schema"]["items"]["$ref"] == f"#/components/schemas/{model}"
+    _fill(client, steps=range(30))
+    (run,) = client.get("/api/v1/runs").json()
+    assert set(run) == props("RunSummary")
+    assert set(client.get("/api/v1/runs/r1/steps").json()["columns"]) == props("StepColumns")
+    assert set(client.get("/api/v1/runs/r1/goodput").json()) == props("GoodputAnswer")
