@@ -326,6 +326,19 @@ _NODE_AGG = {
 _NODE_METRICS = tuple(_NODE_AGG)
 
 
+def _node_expr(metric: str, tp: int) -> str:
+    """SQL of one step's value of a node from its ranks' rows. The ranks of a
+    tensor-parallel group train on the same tokens and each reports them: a node's tokens
+    are its ranks' sum / tp (the group lies within the node)."""
+    expr = f"{_NODE_AGG[metric]}({metric})"
+    return f"{expr} / {tp}" if metric == "tokens_per_s" and tp > 1 else expr
+
+
+def _tp(store: Store, run_id: str) -> int:
+    rows = store.query("SELECT tp FROM runs WHERE run_id = ?", [run_id]).to_pylist()
+    return int(rows[0]["tp"] or 1) if rows else 1
+
+
 def _hosts(store: Store, run_id: str) -> list[str] | None:
     """Host name of each rank (index: rank), from the run's metadata; None if not sent."""
     rows = store.query("SELECT hosts_json FROM runs WHERE run_id = ?", [run_id]).to_pylist()
@@ -366,7 +379,7 @@ def node_series(
         WITH node_of AS (SELECT unnest(?::BIGINT[]) AS node,
                                 generate_subscripts(?::BIGINT[], 1) - 1 AS rank),
         per_step AS (
-            SELECT step, node, {_NODE_AGG[metric]}({metric}) AS v
+            SELECT step, node, {_node_expr(metric, _tp(store, run_id))} AS v
             FROM ranks JOIN node_of USING (rank)
             WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY step, node)
         SELECT ? + (step - ?) // ? * ? AS step, node, {_AGG_SQL[agg]}(v) AS value
@@ -396,7 +409,8 @@ def node_summary(run_id: str, store: StoreDep, start: Start = 0, end: End = None
     names = sorted(set(hosts))
     position = {h: i for i, h in enumerate(names)}
     node_of = [position[h] for h in hosts]
-    per_step = ", ".join(f"{_NODE_AGG[m]}({m}) AS {m}" for m in _NODE_METRICS)
+    tp = _tp(store, run_id)
+    per_step = ", ".join(f"{_node_expr(m, tp)} AS {m}" for m in _NODE_METRICS)
     means = ", ".join(f"avg({m}) AS {m}" for m in _NODE_METRICS)
     sql = f"""
         WITH node_of AS (SELECT unnest(?::BIGINT[]) AS node,

@@ -18,10 +18,11 @@ def _post(client, batch: BatchBuilder, run_id: str = "r1") -> None:
     counts(client, run_id)
 
 
-def _runs_row(b: BatchBuilder, hosts: list[str]) -> None:
+def _runs_row(b: BatchBuilder, hosts: list[str], tp: int = 1) -> None:
     b.append("runs", started_unix_s=999.0, model="m", model_config_json="{}", n_params=1,
-             n_layers=2, layer_names_json='["a", "b"]', world_size=len(hosts), dp=len(hosts),
-             tp=1, device_type="cpu", device_name="cpu", hosts_json=json.dumps(hosts),
+             n_layers=2, layer_names_json='["a", "b"]', world_size=len(hosts),
+             dp=len(hosts) // tp, tp=tp, device_type="cpu", device_name="cpu",
+             hosts_json=json.dumps(hosts),
              flops_per_token=6.0, peak_flops_per_s=1e12, peak_flops_source="given")  # fmt: skip
 
 
@@ -100,6 +101,18 @@ def test_nodes_group_ranks_by_host(client) -> None:
     assert client.get("/api/v1/runs/r1/hosts").json()["hosts"][0] == "node-b"
     r = client.get("/api/v1/runs/r1/nodes", params={"metric": "loss; drop table ranks"})
     assert r.status_code == 422 and "metric must be one of" in r.json()["detail"]
+
+
+def test_a_nodes_tokens_count_a_tensor_parallel_group_once(client) -> None:
+    # dp=2 x tp=2, a tensor-parallel pair per host: both ranks of a pair report the same
+    # 256 tokens/s, which the node trained once.
+    b = make_batch(steps=range(2), world=4)
+    _runs_row(b, ["node-a", "node-a", "node-b", "node-b"], tp=2)
+    _post(client, b)
+    summary = client.get("/api/v1/runs/r1/nodes/summary").json()
+    assert summary["tokens_per_s"] == pytest.approx([256.0, 256.0])
+    grid = client.get("/api/v1/runs/r1/nodes", params={"metric": "tokens_per_s"}).json()
+    assert grid["value"] == pytest.approx([256.0] * 4)
 
 
 def test_nodes_of_a_run_without_hosts_are_empty_not_an_error(client) -> None:
