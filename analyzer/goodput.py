@@ -220,13 +220,7 @@ def _stalls(
     spare: np.ndarray, spanned: np.ndarray, per_step: float, min_gap_s: float, k: float
 ) -> np.ndarray:
     """Gaps that the stall rule calls a stall, on what is left of them after checkpoints."""
-    return np.array(
-        [
-            is_stall(float(x + n * per_step), int(n), per_step, min_gap_s, k)
-            for x, n in zip(spare, spanned, strict=True)
-        ],
-        dtype=bool,
-    )
+    return np.asarray(is_stall(spare + spanned * per_step, spanned, per_step, min_gap_s, k))
 
 
 def _detail(detail: str | None) -> dict:

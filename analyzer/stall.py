@@ -31,9 +31,10 @@ from .runinfo import name_rank, name_ranks
 from .views import StepView
 
 
-def is_stall(gap_s: float, steps: int, per_step_s: float, min_gap_s: float, k: float) -> bool:
-    """The rule shared with goodput: a gap long in absolute terms and against the norm."""
-    return gap_s > min_gap_s and gap_s > k * per_step_s * steps
+def is_stall(gap_s, steps, per_step_s: float, min_gap_s: float, k: float):
+    """The rule shared with goodput: a gap long in absolute terms and against the norm.
+    Elementwise on numpy arrays of gaps and steps (goodput judges a whole run at once)."""
+    return np.logical_and(gap_s > min_gap_s, gap_s > k * per_step_s * steps)
 
 
 @dataclass(frozen=True)
