@@ -8,6 +8,7 @@ bottom: set-up, model, optimizer, data, monitor, loop.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import sys
@@ -257,6 +258,12 @@ def main(argv: list[str] | None = None) -> None:
     saver.wait()  # the last async save completes before the job ends
     monitor.close()
     if distributed:
+        # Free the collectives' leftovers while the process group lives, and let every rank
+        # get here before it goes: otherwise gloo now and then aborted the interpreter's
+        # teardown ("terminate called without an active exception") after the last step,
+        # and torchrun reported a clean run as failed.
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
 
 
