@@ -117,11 +117,12 @@ class ColumnBatch:
                 if values is None:
                     cols[f.name] = [None] * n
                     continue
-                listed = [_wire(v) for v in values.tolist()]  # numpy on the host: no device
+                # values and valid are numpy arrays on the host, not device tensors: their
+                # tolist() is no sync point.
+                listed = [_wire(v) for v in values.tolist()]
                 if valid is not None:
-                    listed = [
-                        v if ok else None for v, ok in zip(listed, valid.tolist(), strict=True)
-                    ]
+                    oks = valid.tolist()
+                    listed = [v if ok else None for v, ok in zip(listed, oks, strict=True)]
                 cols[f.name] = listed
             doc[table] = cols
         return doc
