@@ -3,9 +3,10 @@
 Validation happens whole before anything is queued: a bad batch gets a 4xx naming the
 table and field, and none of its rows are stored.
 
-msgpack bodies may carry numeric columns as binary (schema.py): decoding one is a memcpy
-and validating it a few vectorised passes per column, so a request of 250,000 values costs
-milliseconds here; the commit is the rest (store.py, docs/scaling.md).
+msgpack bodies may carry numeric columns as binary (trainvitals/schema/codec.py):
+decoding one is a memcpy and validating it a few vectorised passes per column, so a
+request of 250,000 values costs milliseconds here; the commit is the rest (store.py,
+docs/scaling.md).
 """
 
 from __future__ import annotations

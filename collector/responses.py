@@ -2,10 +2,11 @@
 back; docs/api.md points there for the reference.
 
 A model that mirrors a table is derived from the table's declaration in
-trainvitals/schema.py (names, types, descriptions), as the DDL and the validation are: a
-field added there appears here, in the SQL that fills it and in the OpenAPI schema. Every
-value may be null: a store made before a field was declared holds none for it, and a
-non-finite number is served as null (JSON has no literal for NaN or inf).
+trainvitals/schema/declarations.py (names, types, descriptions), as the DDL and the
+validation are: a field added there appears here, in the SQL that fills it and in the
+OpenAPI schema. Every value may be null: a store made before a field was declared holds
+none for it, and a non-finite number is served as null (JSON has no literal for NaN or
+inf).
 """
 
 from __future__ import annotations

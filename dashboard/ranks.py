@@ -20,7 +20,7 @@ DEVICE_METRICS = (
     ("temperature_c", "temperature", "mean temperature (°C)"),
 )
 # Collectives the hooks count per rank: field prefix -> name. Each has _count, _bytes and
-# _time_s fields (schema.py).
+# _time_s fields (trainvitals/schema/declarations.py).
 COLLECTIVES = {
     "all_gather": "all-gather",
     "reduce_scatter": "reduce-scatter",

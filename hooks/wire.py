@@ -2,7 +2,7 @@
 
 The monitor's export thread appends whole columns (a step's layers, a node's ranks) and
 never a Python object per row; `to_msgpack` writes each numeric column as one `bin` of
-little-endian values (trainvitals/schema.py), a null as a cleared bit of its column's
+little-endian values (trainvitals/schema/codec.py), a null as a cleared bit of its column's
 validity bitmap. An all-null optional column is left out: the collector reads a missing
 optional column as nulls.
 

@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def link_tree(root: Path) -> Path:
-    """root/trainvitals: links to trainvitals/*.py and to each component's folder, as
-    pyproject.toml's package-dir maps them (trainvitals.analyzer -> analyzer/)."""
+    """root/trainvitals: links to trainvitals/*.py and its subpackages (trainvitals/schema/),
+    and to each component's folder, as pyproject.toml's package-dir maps them
+    (trainvitals.analyzer -> analyzer/)."""
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     package = root / "trainvitals"
     package.mkdir(parents=True, exist_ok=True)
@@ -26,6 +27,8 @@ def link_tree(root: Path) -> Path:
         old.unlink()
     for module in (REPO / "trainvitals").glob("*.py"):
         (package / module.name).symlink_to(module)
+    for init in (REPO / "trainvitals").glob("*/__init__.py"):
+        (package / init.parent.name).symlink_to(init.parent, target_is_directory=True)
     for name, folder in setuptools["package-dir"].items():
         if name != "trainvitals":
             link = package / name.removeprefix("trainvitals.")

@@ -405,17 +405,17 @@ def test_the_runs_of_a_request_are_validated_together(monkeypatch) -> None:
     """Each run of a request was validated on its own, 0.4 ms a run: 3,000 runs of one row
     cost 4.4x a valid request's CPU per MB. A table is validated once, whatever the runs,
     and split into a batch per run only then."""
-    from trainvitals import schema
     from trainvitals.collector.otlp import _split_by_run, decode_and_pivot
+    from trainvitals.schema import validation
 
     validated: list[str] = []
-    real = schema._table_to_arrow
+    real = validation._table_to_arrow
 
     def counted(spec, *args):
         validated.append(spec.name)
         return real(spec, *args)
 
-    monkeypatch.setattr(schema, "_table_to_arrow", counted)
+    monkeypatch.setattr(validation, "_table_to_arrow", counted)
     body = _steps_lacking_fields(300, n_runs=100, complete=True)
     tables, rejected = decode_and_pivot(body, False)
     assert validated == ["steps"] and rejected.points == 0
