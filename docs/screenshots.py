@@ -3,12 +3,14 @@
     python docs/screenshots.py --train                     # trains the runs it shows
     python docs/screenshots.py --store run.duckdb          # replays it (trainvitals dashboard)
     python docs/screenshots.py --collector http://127.0.0.1:8000
+    python docs/screenshots.py --store gpu_runs.duckdb --run gpu-faulty --views Overview --suffix -power
 
 `--train` starts a collector on a temporary store and trains two real 4-rank CPU runs into
 it with the reference trainer: "faulty" (a loss spike, a straggler and a faulty unit
 injected; logged every LOG_EVERY steps, as hooks log by default) and "baseline" (clean, for
-the Compare view); about 5 minutes on 2 cores (`--device cuda` where a GPU is lent, for
-power). Drives Debian's chromium through Playwright and writes docs/dashboard-<view>.png,
+the Compare view); about 5 minutes on 2 cores. CPU runs have no power readings: the power
+screenshot (last line above) replays the store of two 1-GPU runs that bench/gpu_power_run.sh
+makes where a GPU is lent. Drives Debian's chromium through Playwright and writes docs/dashboard-<view>.png,
 each cropped to the page's content; the Layers view follows two layers in its
 drill-down, the Nodes view lists the slowest node's ranks.
 """
@@ -80,13 +82,13 @@ def open_on_demand(page, view: str) -> None:
         page.get_by_role("option").first.click()
 
 
-def shoot(url: str, out_dir: Path, run_id: str | None) -> None:
+def shoot(url: str, out_dir: Path, run_id: str | None, views: tuple[str, ...], suffix: str) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": WIDTH_PX, "height": 1000})
-        for view in VIEWS:
+        for view in views:
             # A deep link per view (docs/dashboard.md), as an alert's link opens one.
             page.goto(f"{url}/?view={view}" + (f"&run={run_id}" if run_id else ""))
             page.get_by_role("radio", name=view, checked=True).wait_for(timeout=60_000)
@@ -98,7 +100,7 @@ def shoot(url: str, out_dir: Path, run_id: str | None) -> None:
             height = page.get_by_test_id("stMainBlockContainer").bounding_box()["height"]
             page.set_viewport_size({"width": WIDTH_PX, "height": int(height) + 40})
             time.sleep(SETTLE_S)
-            path = out_dir / f"dashboard-{view.lower()}.png"
+            path = out_dir / f"dashboard-{view.lower()}{suffix}.png"
             page.screenshot(path=path)
             print(f"{path}: {path.stat().st_size / 1024:.0f} KB")
         browser.close()
@@ -114,6 +116,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="device of the trained runs")
     parser.add_argument("--port", type=int, default=8599, help="dashboard port")
     parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--run", help="run to show (default: the trained faulty run, else the newest)")
+    parser.add_argument("--views", default=",".join(VIEWS), help="comma-separated views to shoot")
+    parser.add_argument("--suffix", default="", help="added to each file name, e.g. -power")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         collector = None
@@ -123,7 +128,11 @@ def main() -> None:
         try:
             url = f"http://127.0.0.1:{args.port}"
             wait_healthy(f"{url}/_stcore/health", proc, timeout_s=120)
-            shoot(url, args.out, RUN_ID if args.train else None)
+            views = tuple(v.strip() for v in args.views.split(","))
+            unknown = set(views) - set(VIEWS)
+            if unknown:
+                parser.error(f"--views: unknown {sorted(unknown)}; choose from {', '.join(VIEWS)}")
+            shoot(url, args.out, args.run or (RUN_ID if args.train else None), views, args.suffix)
         finally:
             for p in (proc, collector):
                 if p is not None:
