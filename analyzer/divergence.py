@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from .alerts import Alert
 from .attribution import MAD_TO_SIGMA
 from .detectors import data_query
-from .lr_schedule import WarmRestarts
+from .lr_schedule import WarmRestarts, WarmUp
 from .rolling import RollingWindow, median_of_sorted
 from .views import RunEvent, StepView
 
@@ -81,6 +81,11 @@ class DivergenceSettings:
     # (lr_schedule.py): the loss may rise; judging pauses for `restart_grace_steps`.
     restart_lr_ratio: float = 1.5
     restart_grace_steps: int = 100
+    # While the learning rate climbs to new peaks (a warm-up) and for this many logged
+    # steps after the last, the loss may rise with it: the rise needs the gradient norm's
+    # growth too (lr_schedule.py). On the tuning seeds of bench/loss_curves.py, 7 of 8
+    # false alerts on warm-restart curves came during the warm-up, 41-102 steps in.
+    warmup_grace_steps: int = 50
 
     def __post_init__(self) -> None:
         for name in (
@@ -118,10 +123,9 @@ class DivergenceSettings:
         for name in ("noise_z", "healthy_z", "grad_z"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"divergence.{name} must be >= 0, got {getattr(self, name)}")
-        if self.restart_grace_steps < 0:
-            raise ValueError(
-                f"divergence.restart_grace_steps must be >= 0, got {self.restart_grace_steps}"
-            )
+        for name in ("restart_grace_steps", "warmup_grace_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"divergence.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,8 @@ class DivergenceDetector:
     _diffs: RollingWindow = field(init=False, repr=False)
     _lows: _LowestOf = field(init=False, repr=False)
     _restarts: WarmRestarts = field(init=False, repr=False)
+    _warmup: WarmUp = field(init=False, repr=False)
+    _warming: bool = False  # the learning rate is warming up: a loss rise is expected
     _last_x: float = math.nan
     _seen: int = 0  # finite losses
     _grace_left: int = 0  # logged steps still paused after a warm restart
@@ -210,6 +216,7 @@ class DivergenceDetector:
         self._diffs = RollingWindow(cfg.noise_window)
         self._lows = _LowestOf(cfg.baseline_window)
         self._restarts = WarmRestarts(cfg.restart_lr_ratio)
+        self._warmup = WarmUp(cfg.warmup_grace_steps)
         self._recent = deque(maxlen=cfg.level_window + 1)
         self._fast = deque(maxlen=cfg.level_window)
 
@@ -224,6 +231,9 @@ class DivergenceDetector:
     def observe(self, s: StepView) -> list[Alert]:
         if self._restarts.is_restart(s.lr):
             self._restart()
+        warming, self._warming = self._warming, self._warmup.is_warming(s.lr)
+        if warming and not self._warming and self._alert is None:
+            self._rebase()  # the loss rose with the warm-up: judge from its new level
         if s.loss is None or not (math.isfinite(s.loss) and s.loss > 0):
             return []  # non-finite losses are the NonFiniteDetector's
         self._push(s)
@@ -259,6 +269,10 @@ class DivergenceDetector:
     def _restart(self) -> None:
         """A warm restart: pause, and build the baseline afresh from what follows."""
         self._grace_left = self.settings.restart_grace_steps
+        self._rebase()
+
+    def _rebase(self) -> None:
+        """Build the baseline afresh from the steps that follow."""
         self._lows.clear()
         self._onset = None
         self._streak = 0
@@ -326,7 +340,9 @@ class DivergenceDetector:
         # a median, still climbs for half its window while a spike decays.
         fast_se = _MEDIAN_SE * sigma / math.sqrt(_FAST_WINDOW)
         recovering |= self._fast[-1] < max(self._fast) - 4 * fast_se
-        self._streak = self._streak + 1 if rise >= need and not recovering else 0
+        # A warm-up explains a rising loss, not a growing gradient norm.
+        explained = self._warming and not corroborated
+        self._streak = self._streak + 1 if rise >= need and not (recovering or explained) else 0
         if self._streak >= cfg.confirm_steps:
             self._alert = self._diverging(s, onset, level, growth)
             alerts.append(self._alert)

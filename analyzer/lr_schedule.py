@@ -1,10 +1,16 @@
-"""Warm restarts of the learning rate: a loss that rises by design, not by fault.
+"""The learning-rate schedule: when a rising loss is expected, not a fault.
 
 A cyclic schedule (SGDR, Loshchilov & Hutter 2017) sends the learning rate back up to a
 peak it has used before; the loss then rises for a while and falls again. The loss
-detectors stay quiet for a grace period after such a restart. They judge everything else:
-a warm-up climbs to peaks never seen before, and a learning rate far above anything the
-run used (an injected 30x step, a bad config) is the kind of fault they are there for.
+detectors stay quiet for a grace period after such a restart.
+
+A warm-up climbs to peaks never seen before, and the loss may rise with it too (it lags
+the learning rate by tens of steps). That is also where a too-high learning rate makes a
+run diverge, so the detectors are not paused there: the divergence detector only asks for
+more evidence (the gradient norm's growth) while the learning rate is at a new peak or
+was within a grace period. A learning rate far above anything the run used (an injected
+30x step, a bad config) is a new peak too: a divergence it causes is flagged once the
+gradient norm grows with it, or on the loss alone after the grace period.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from dataclasses import dataclass
 # schedule changes (a restart peak slightly above the last one); 5% covers those, while a
 # runaway learning rate is many times the peak.
 _PEAK_TOLERANCE = 0.05
+# A new peak must clear the old by this fraction: rounding of a constant learning rate is
+# no warm-up (a linear warm-up over 1,000 logged steps still rises by 0.1% a step).
+_NEW_PEAK = 1e-3
 
 
 @dataclass
@@ -37,3 +46,24 @@ class WarmRestarts:
         self._last_lr = lr
         self._peak_lr = max(self._peak_lr, lr)
         return restart
+
+
+@dataclass
+class WarmUp:
+    """Whether the learning rate is warming up: at a logged step where it rose above every
+    earlier one (by 0.1%), or within `grace_steps` logged steps after such a step. An
+    unreported learning rate (NaN) changes nothing."""
+
+    grace_steps: int
+    _peak_lr: float = 0.0
+    _left: int = 0
+
+    def is_warming(self, lr: float) -> bool:
+        if math.isfinite(lr) and lr > self._peak_lr * (1 + _NEW_PEAK):
+            self._peak_lr = lr
+            self._left = self.grace_steps
+            return True
+        if self._left > 0:
+            self._left -= 1
+            return True
+        return False
