@@ -10,13 +10,16 @@ The bar is the run's own rank-to-rank spread, not a fixed percentage: a robust s
 the excesses (1.4826 x the median over recent steps of the cohort's median absolute
 excess, its slowest rank left out) times `spread_multiple`, never under `min_excess`. A
 busy machine widens the spread and raises the bar with it. A rank is slow when its
-excess cleared the bar in at least `persist_fraction` of the last `persist_steps` logged
-steps (one noisy step, or a few, never count) and, judged by its compute time, it also
-arrived after every other rank in `min_last_fraction` of them, or twice as often as
-chance among many ranks (it kept the job waiting; a busy neighbour inflates a rank's
-CPU time more than its progress). An episode raises one alert (ranks that turn slow at
-the same step share it) with its onset in `start_step` and its cost in seconds per step,
-and ends with one resolve row once its ranks stayed under half the bar as persistently.
+excess cleared the bar in at least `persist_fraction` of the logged steps of its window,
+the last `persist_steps` training steps (at least `min_logged_steps` logged ones, so that
+a sparse log_every still gives the fraction something to count; one noisy step, or a
+few, never count) and, judged by its compute time, it also kept others waiting: it
+arrived after every other rank, or after every other of its data-parallel peers (the
+ranks it last synchronised with), in `min_last_fraction` of them, or twice as often as
+chance among many (a busy neighbour inflates a rank's CPU time more than its progress).
+An episode raises one alert (ranks that turn slow at the same step share it) with its
+onset in `start_step` and its cost in seconds per step, and ends with one resolve row
+once its ranks stayed under half the bar as persistently.
 
 `rank_scores` is the judgement by the excess; the dashboard's "Slowest ranks" table calls
 it too (its bucket means carry no arrival order).
@@ -43,12 +46,17 @@ SECTION = "straggler"
 class StragglerSettings:
     """Thresholds of the straggler detector (section "straggler")."""
 
-    # Logged steps over which a slowdown must last to count. On clean 4-rank CPU runs with
-    # 8 busy processes on 2 cores, one rank ran 23% slower for about 18 steps (a busy
-    # neighbour): a straggler must outlast that. 25 still names one within 30 steps.
+    # Training steps (not logged ones) over which a slowdown must last to count. On clean
+    # 4-rank CPU runs with 8 busy processes on 2 cores, one rank ran 23% slower for about
+    # 18 steps (a busy neighbour): a straggler must outlast that. 25 still names one
+    # within 30 steps. Every step logged, the window holds 25 logged steps; at log_every=4, 7.
     persist_steps: int = 25
-    # Share of those steps in which the rank's excess must clear the bar (0.8: 20 of 25).
-    # One noisy step, or five, in the window do not decide either way.
+    # Logged steps the window holds at least: where log_every leaves fewer in
+    # persist_steps steps, the window reaches back further (at log_every=10, 50 steps).
+    # 5 is the fewest in which persist_fraction (0.8) leaves room for one noisy step.
+    min_logged_steps: int = 5
+    # Share of the window's logged steps in which the rank's excess must clear the bar
+    # (0.8: 20 of 25). One noisy step, or five, in the window do not decide either way.
     persist_fraction: float = 0.8
     # The bar in robust sigmas of the run's rank-to-rank spread (per step, the slowest rank
     # left out). Clean 4-rank CPU runs with 8 busy processes on 2 cores came within 3.7
@@ -69,8 +77,11 @@ class StragglerSettings:
     # chance (2/n) asks for, so a cohort of 8 needs 25%. Measured on 4 CPU ranks with 8
     # busy processes on 2 cores: 15-40% stragglers arrived last in 65-68% of their steps;
     # clean ranks whose compute time ran 20-40% over for 20 steps (a busy neighbour slows
-    # its CPU time more than its progress) in 27-45%. A 15% straggler among 8 CPU ranks
-    # on 2 cores arrived last in 38-56%.
+    # its CPU time more than its progress) in 27-45%. The same test is made among the
+    # rank's data-parallel peers where there are 3 or more: with tensor parallelism each
+    # peer group leaves its gradient reduction at its own time, and which group reaches
+    # the hooks' collective first is a toss-up (a 15% straggler among 8 CPU ranks, dp=4 x
+    # tp=2, was last of all in 20% of its first 25 steps, last of its 4 peers in 64%).
     min_last_fraction: float = 0.5
     # An episode ends when its ranks stayed under this fraction of the bar (with the same
     # persistence as the onset): hysteresis, so a straggler near the bar is one episode.
@@ -78,6 +89,10 @@ class StragglerSettings:
 
     def __post_init__(self) -> None:
         _check(self.persist_steps >= 3, "persist_steps", "must be >= 3", self.persist_steps)
+        _check(
+            3 <= self.min_logged_steps <= self.persist_steps, "min_logged_steps",
+            f"must be in [3, persist_steps ({self.persist_steps})]", self.min_logged_steps,
+        )  # fmt: skip
         _check(
             0.5 < self.persist_fraction <= 1, "persist_fraction", "must be in (0.5, 1]",
             self.persist_fraction,
@@ -101,11 +116,10 @@ class StragglerSettings:
         """The excess a rank must clear, given the run's spread `sigma`."""
         return max(self.min_excess, self.spread_multiple * sigma)
 
-    @property
-    def steps_needed(self) -> int:
-        """Steps of the detector's window that must clear the bar (or stay under half of
-        it, to resolve)."""
-        return math.ceil(self.persist_fraction * self.persist_steps - 1e-9)
+    def steps_needed(self, logged: int) -> int:
+        """Of a window of `logged` logged steps, how many must clear the bar (or stay under
+        half of it, to resolve)."""
+        return math.ceil(self.persist_fraction * logged - 1e-9)
 
 
 def _check(ok: bool, name: str, rule: str, value: object) -> None:
@@ -193,9 +207,9 @@ def rank_scores(
     """Judge ranks over `window` (steps x ranks of `excess`) against the run's spread.
 
     A rank is slow when its excess cleared the bar in `persist_fraction` of the window's
-    steps. The detector passes its last `persist_steps` steps and the `columns` that can
-    matter this step; the dashboard a time window of bucket means, every column. NaN (not
-    reported) counts as neither above nor below.
+    steps. The detector passes the logged steps of its last `persist_steps` steps and the
+    `columns` that can matter this step; the dashboard a time window of bucket means,
+    every column. NaN (not reported) counts as neither above nor below.
     """
     if columns is None:
         columns = np.arange(window.shape[1])
@@ -204,7 +218,7 @@ def rank_scores(
     with np.errstate(invalid="ignore"):
         above = (judged >= bar).sum(axis=0)
         below = (judged < s.resolve_fraction * bar).sum(axis=0)
-    need = math.ceil(s.persist_fraction * len(window) - 1e-9)
+    need = s.steps_needed(len(window))
     return RankScores(columns, judged, above, below, (above >= need) & (need > 0), bar)
 
 
@@ -226,8 +240,10 @@ class StragglerDetector:
         self._reset(np.zeros(0, np.int64))
 
     def _reset(self, ranks: np.ndarray) -> None:
-        """Rings, one row per logged step: excesses, the seconds each rank cost, step
-        numbers; per-step spreads over `spread_steps`; open episodes."""
+        """Rings, one row per logged step: excesses, the seconds each rank cost, waits,
+        step numbers; per-step spreads over `spread_steps`; open episodes. `persist_steps`
+        rows hold any window: a window holds more than min_logged_steps logged steps only
+        where it holds every step."""
         s, n = self.settings, len(ranks)
         self._ranks = ranks.copy()
         self._excess = np.full((s.persist_steps, n), np.nan)
@@ -237,6 +253,7 @@ class StragglerDetector:
         self._steps = np.zeros(s.persist_steps, np.int64)
         self._spreads = np.full(s.spread_steps, np.nan)
         self._pushed = 0
+        self._first_step = 0  # the cohort's first logged step
         self._episodes: list[_Episode] = []
         self._in_episode = np.zeros(n, bool)
 
@@ -248,9 +265,8 @@ class StragglerDetector:
             self._reset(r.rank)  # another cohort (a restart at another size): start over
         if not self._push(r, s):
             return []
-        if self._pushed < self.settings.persist_steps:
-            return []
-        return self._judge(s)
+        rows = self._window(s.step)
+        return [] if rows is None else self._judge(s, r.tp, rows)
 
     def _push(self, r: RankView, s: StepView) -> bool:
         """This step's excesses and costs into the rings; False if it has none."""
@@ -267,6 +283,8 @@ class StragglerDetector:
             cost_s = np.maximum(0.0, late_s)
         else:
             return False
+        if self._pushed == 0:
+            self._first_step = s.step
         row = self._pushed % self.settings.persist_steps
         self._excess[row], self._cost_s[row], self._steps[row] = x, cost_s, s.step
         self._waits[row], self._timed[row] = r.wait_time_s, np.all(compute > 0)
@@ -274,7 +292,20 @@ class StragglerDetector:
         self._pushed += 1
         return True
 
-    def _judge(self, s: StepView) -> list[Alert]:
+    def _window(self, step: int) -> np.ndarray | None:
+        """Ring rows of the window judged at `step`, oldest first: the logged steps among
+        the last `persist_steps` steps, at least `min_logged_steps` of them. None until
+        the cohort was seen for that long: persistence counts training steps, whatever
+        the logging interval (a window of 25 logged steps is 100 steps at log_every=4)."""
+        s = self.settings
+        held = min(self._pushed, s.persist_steps)
+        if held < s.min_logged_steps or step - self._first_step + 1 < s.persist_steps:
+            return None
+        rows = (self._pushed - held + np.arange(held)) % s.persist_steps
+        recent = int((self._steps[rows] > step - s.persist_steps).sum())  # a suffix: steps rise
+        return rows[held - max(recent, s.min_logged_steps) :]
+
+    def _judge(self, s: StepView, tp: int, rows: np.ndarray) -> list[Alert]:
         """At most one row per step (the alerts table's key): a new episode first; an
         episode that ended waits for a step without one.
 
@@ -282,41 +313,63 @@ class StragglerDetector:
         is slow) and those in an episode: O(ranks) for the rest, not O(ranks x window).
         """
         sigma = sigma_of(self._spreads)
-        latest = self._excess[(self._pushed - 1) % self.settings.persist_steps]
-        above_now = np.flatnonzero(latest >= self.settings.bar(sigma))
+        window = self._excess[rows]
+        above_now = np.flatnonzero(window[-1] >= self.settings.bar(sigma))
         columns = np.union1d(above_now, np.flatnonzero(self._in_episode))
-        scores = rank_scores(self._excess, sigma, self.settings, columns)
+        scores = rank_scores(window, sigma, self.settings, columns)
         new = np.flatnonzero(scores.slow & ~self._in_episode[columns])
-        new = new[self._arrived_last(scores.columns[new])]
+        new = new[self._kept_waiting(rows, scores.columns[new], tp)]
         if len(new):
-            return [self._open(s, new, scores)]
-        need = self.settings.steps_needed
+            return [self._open(s, rows, new, scores)]
+        need = self.settings.steps_needed(len(rows))
         for episode in self._episodes:
             members = np.searchsorted(columns, episode.members)
             if (scores.below[members] >= need).all():
-                return [self._close(s, episode, scores, members[0])]
+                return [self._close(s, episode, scores, members[0], len(rows))]
         return []
 
-    def _arrived_last(self, columns: np.ndarray) -> np.ndarray:
+    def _kept_waiting(self, rows: np.ndarray, columns: np.ndarray, tp: int) -> np.ndarray:
         """Which of these ranks, slow by their compute time, also arrived after every other
-        rank in `min_last_fraction` (or twice 1/ranks, if less) of the window's steps.
+        rank, or after every other of their data-parallel peers (rank % tp alike) where
+        they have two or more, in min(min_last_fraction, 2 / ranks compared) of the
+        window's steps. Peers: with tensor parallelism the peer groups leave their gradient
+        reductions at different times, so a straggler is reliably last of its group only.
         Judged on compute times: the arrival-only excess is this already. O(window x
         ranks), only while some are slow."""
-        if not len(columns) or not self._timed.all():
+        if not len(columns) or not self._timed[rows].all():
             return np.ones(len(columns), bool)
-        others = self._waits.copy()
-        others[:, columns] = np.inf
-        last = self._waits[:, columns] <= others.min(axis=1, keepdims=True)
-        chance = 1 / len(self._ranks)
-        return last.mean(axis=0) >= min(self.settings.min_last_fraction, 2 * chance)
+        waits = self._waits[rows]
+        others = waits.copy()
+        others[:, columns] = np.inf  # the other slow ranks are not the ones kept waiting
+        ok = self._last_share(waits[:, columns], others) >= self._last_needed(len(self._ranks))
+        if tp > 1:
+            tp_index = self._ranks % tp
+            for i, column in enumerate(columns):
+                peers = tp_index == tp_index[column]
+                n_peers = int(peers.sum())
+                if not ok[i] and n_peers >= 3:
+                    share = self._last_share(waits[:, [column]], others[:, peers])[0]
+                    ok[i] = share >= self._last_needed(n_peers)
+        return ok
 
-    def _open(self, s: StepView, new: np.ndarray, scores: RankScores) -> Alert:
+    @staticmethod
+    def _last_share(waits: np.ndarray, others: np.ndarray) -> np.ndarray:
+        """Per column of `waits`: the share of steps it waited no longer than any of
+        `others` (the last to arrive waits least)."""
+        return (waits <= others.min(axis=1, keepdims=True)).mean(axis=0)
+
+    def _last_needed(self, n: int) -> float:
+        """Share of steps a rank must have arrived last in among `n` ranks: twice chance,
+        at most `min_last_fraction`."""
+        return min(self.settings.min_last_fraction, 2 / n)
+
+    def _open(self, s: StepView, rows: np.ndarray, new: np.ndarray, scores: RankScores) -> Alert:
         """A new episode of the ranks at positions `new` of the scores' columns."""
         new = new[np.argsort(-scores.median(new), kind="stable")]
         worst, members = new[0], scores.columns[new]
         ratio = math.exp(scores.median(new[:1])[0])
-        cost_s = fast_median(self._cost_s[:, members[0]])
-        start = self._onset(members[0], scores.bar)
+        cost_s = fast_median(self._cost_s[rows, members[0]])
+        start = self._onset(rows, members[0], scores.bar)
         ranks = self._ranks[members].tolist()
         others = f" (also {name_ranks(s.run, ranks[1:])})" if len(ranks) > 1 else ""
         alert = Alert.at(
@@ -327,8 +380,8 @@ class StragglerDetector:
                 f"{name_rank(s.run, ranks[0])} is a straggler{others} since step {start}: "
                 f"{100 * (ratio - 1):.0f}% slower than the median rank (this run's bar: "
                 f"{100 * math.expm1(scores.bar):.0f}%, from its rank-to-rank spread) in "
-                f"{scores.above[worst]} of the last {self.settings.persist_steps} logged "
-                f"steps; the job loses about {cost_s * 1e3:.0f} ms per step waiting for it. "
+                f"{scores.above[worst]} of the last {len(rows)} logged steps; the job loses "
+                f"about {cost_s * 1e3:.0f} ms per step waiting for it. "
                 "Data: " + data_query(s.run_id, "ranks", "compute_time_s", start, s.step)
             ),
             value=ratio,
@@ -340,16 +393,17 @@ class StragglerDetector:
         self._in_episode[members] = True
         return alert
 
-    def _onset(self, column: int, bar: float) -> int:
+    def _onset(self, rows: np.ndarray, column: int, bar: float) -> int:
         """The episode's first step: the first step of the window to clear the bar after
         the last two in a row that did not (a lone noisy step before it does not count)."""
-        order = np.argsort(self._steps)
-        above = self._excess[order, column] >= bar
+        above = self._excess[rows, column] >= bar
         calm = np.flatnonzero(~above[:-1] & ~above[1:])
         first = calm[-1] + 2 if len(calm) else 0
-        return int(self._steps[order[first:][above[first:]][0]])
+        return int(self._steps[rows][first:][above[first:]][0])
 
-    def _close(self, s: StepView, episode: _Episode, scores: RankScores, worst: int) -> Alert:
+    def _close(
+        self, s: StepView, episode: _Episode, scores: RankScores, worst: int, logged: int
+    ) -> Alert:
         self._episodes.remove(episode)
         self._in_episode[episode.members] = False
         rank = name_rank(s.run, episode.alert.rank)
@@ -358,5 +412,5 @@ class StragglerDetector:
             s.step,
             s.time_unix_s,
             f"{rank} is no longer a straggler: {100 * now:+.0f}% from the median rank "
-            f"over the last {self.settings.persist_steps} logged steps.",
+            f"over the last {logged} logged steps.",
         )

@@ -20,6 +20,8 @@ Two sources of labeled runs, both fed through the Analyzer the collector runs:
 
 False alerts are reported per 10,000 clean steps, for every kind, separately for the
 simulated, the loaded real and the quiet real runs. The last line is the headline.
+`--only` trains and scores some real runs alone, without the simulated fleets (on a
+machine of any size: the load follows its core count), `--real-steps` shortens them.
 
 Scoring: a fault is found by a detector when an alert of its kind comes within the
 fault's window (EXPECT); latency is in logged steps. An alert is explained when it falls
@@ -28,6 +30,7 @@ GPU also makes a straggler); precision is explained alerts / all alerts of the k
 alert of a clean run is false.
 
     python bench/detect.py --scenarios 40 --steps 2000      # writes bench/results/detect.txt
+    python bench/detect.py --only quiet-8rank-straggler15,clean-long-0 --real-dir DIR
 """
 
 from __future__ import annotations
@@ -45,13 +48,12 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pyarrow.compute as pc
-from replay_speed import arrow_tables  # bench/ is on sys.path when run as a script
 
 from trainvitals.analyzer import Analyzer
 from trainvitals.schema import to_arrow
@@ -85,6 +87,7 @@ KNOCK_ON = {
     "stall": set(),
 }
 KNOCK_ON_STEPS = 2000
+DEFAULT_OUT = REPO / "bench" / "results" / "detect.txt"
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,9 @@ def perturb(doc: dict, truths: list[Truth], rng: np.random.Generator, ranks: int
 
 def run_sim(spec: FleetSpec, truths: list[Truth], seed: int, chunk: int = 250) -> list:
     """Alerts of one simulated run, fed to the Analyzer in chunks of logged steps."""
+    # bench/ is on sys.path when run as a script; it needs DuckDB, which real runs do not.
+    from replay_speed import arrow_tables
+
     analyzer, alerts, buf = Analyzer(), [], []
     rng = np.random.default_rng(seed)
     for doc in simulate(spec):
@@ -316,12 +322,34 @@ def train(name: str, run: RealRun, path: Path) -> str:
     )
 
 
+def chosen_runs(only: str | None, steps: int | None) -> dict[str, RealRun]:
+    """REAL_RUNS, or those named in `only` (comma-separated), at `steps` steps if given.
+    SystemExit naming the runs there are for a name that is not one."""
+    names = only.split(",") if only else list(REAL_RUNS)
+    unknown = [n for n in names if n not in REAL_RUNS]
+    if unknown:
+        sys.exit(f"--only: no real run {unknown[0]!r} (runs: {', '.join(REAL_RUNS)})")
+    runs = {n: REAL_RUNS[n] for n in names}
+    if steps is None:
+        return runs
+    from trainvitals.trainer.faults import parse_fault  # imports torch: only when asked
+
+    # A fault must leave the window of its longest-waiting detector (EXPECT: 30 steps).
+    late = [f for n in names for f in runs[n].injects if parse_fault(f).step > steps - 30]
+    if steps < 60 or late:
+        sys.exit(f"--real-steps {steps}: must be >= 60 and leave 30 steps after each fault"
+                 f"{f' ({late[0]})' if late else ''}")  # fmt: skip
+    return {n: replace(r, steps=steps) for n, r in runs.items()}
+
+
 def real_scenarios(args: argparse.Namespace) -> list[Scenario]:
     out_dir = Path(args.real_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = []
-    for name, run in REAL_RUNS.items():
-        path = out_dir / f"{name}.jsonl"
+    for name, run in chosen_runs(args.only, args.real_steps).items():
+        # Another length is another run: never reuse a file of the default length for it.
+        stem = name if args.real_steps is None else f"{name}-{run.steps}"
+        path = out_dir / f"{stem}.jsonl"
         note = train(name, run, path) if not path.exists() else f"reused {path}"
         analyzer, alerts, events, signals, anonymous = Analyzer(), [], [], set(), set()
         for line in path.read_bytes().splitlines():
@@ -532,12 +560,14 @@ def headline(sim: Summary, loaded: Summary, quiet: Summary) -> str:
             )
             latencies += s.latencies
     lat = f"{statistics.median(latencies):.0f}/{max(latencies)}" if latencies else "n/a"
+    simulated = ""
+    if sim.clean_steps:
+        simulated = f"simulated {sim.rate():.2f} ({sim.clean_steps:,} clean steps), "
     return (
-        f"HEADLINE: false alerts per 10,000 steps: simulated {sim.rate():.2f} "
-        f"({sim.clean_steps:,} clean steps), real {real.rate():.2f} ({real.clean_steps:,} "
-        f"clean steps, {loaded.clean_steps:,} of them on a machine loaded to "
-        f"{BUSY_PER_CORE}x its cores); real stragglers found {found}/{faults}, named "
-        f"{named}/{culprits}, latency median/max {lat} steps"
+        f"HEADLINE: false alerts per 10,000 steps: {simulated}real {real.rate():.2f} "
+        f"({real.clean_steps:,} clean steps, {loaded.clean_steps:,} of them on a machine "
+        f"loaded to {BUSY_PER_CORE}x its cores); real stragglers found {found}/{faults}, "
+        f"named {named}/{culprits}, latency median/max {lat} steps"
     )
 
 
@@ -549,17 +579,31 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-real", action="store_true", help="skip the real trainer runs")
     p.add_argument(
+        "--only",
+        help="these real runs alone, comma-separated, no simulated fleets (runs: "
+        + ", ".join(REAL_RUNS)
+        + ")",
+    )
+    p.add_argument("--real-steps", type=int, help="steps of each real run (default: its own)")
+    p.add_argument(
         "--real-dir",
         default=str(Path(tempfile.gettempdir()) / "trainvitals-detect"),
         help="telemetry files of the real runs (made once, then reused)",
     )
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "detect.txt"))
+    p.add_argument(
+        "--out",
+        help="where to write the report (default bench/results/detect.txt; with --only none)",
+    )
     args = p.parse_args()
-    sims = sim_scenarios(args) if args.scenarios else []
+    if args.only and args.no_real:
+        p.error("--only names real runs: it cannot go with --no-real")
+    out = args.out if args.out is not None else "" if args.only else str(DEFAULT_OUT)
+    sims = sim_scenarios(args) if args.scenarios and not args.only else []
+    cpus, load = os.cpu_count(), os.getloadavg()[0]
     reals = [] if args.no_real else real_scenarios(args)
     lines = [
-        f"$ python bench/detect.py --scenarios {args.scenarios} --steps {args.steps} "
-        f"--ranks {args.ranks}" + (" --no-real" if args.no_real else "")
+        "$ python bench/detect.py " + " ".join(sys.argv[1:]),
+        f"# {cpus} cores, 1-min load average {load:.1f} at the start (before the bench's own)",
     ]
     sim = report(f"simulated fleets ({args.ranks} ranks, {args.steps} steps of 2 s each)", sims,
                  lines)  # fmt: skip
@@ -577,8 +621,8 @@ def main() -> None:
     lines.append(headline(sim, loaded, quiet))
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).write_text(text + "\n")
 
 
 if __name__ == "__main__":

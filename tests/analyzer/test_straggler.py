@@ -31,10 +31,12 @@ def cohort(
     noise: float = 0.005,
     slow: dict[int, list[tuple[int, int, float]]] | None = None,
     seed: int = 0,
+    log_every: int = 1,
 ):
     """StepViews of a synchronous job: compute 100 ms x lognormal noise (sigma `noise`).
 
     slow: rank -> [(first step, end step, slowdown)]. Every rank waits for the slowest.
+    log_every: a view for every log_every-th step only (steps 0, log_every, ...).
     """
     rng = np.random.default_rng(seed)
     slow = slow or {}
@@ -44,7 +46,8 @@ def cohort(
             for first, end, frac in spans:
                 if first <= step < end:
                     compute[rank] *= 1 + frac
-        yield _step(step, compute)
+        if step % log_every == 0:
+            yield _step(step, compute)
 
 
 def _step(step: int, compute: np.ndarray, step_s: float | None = None) -> StepView:
@@ -62,6 +65,8 @@ def rows(views, settings: StragglerSettings | None = None) -> list:
     "field, value",
     [
         ("persist_steps", 2),
+        ("min_logged_steps", 2),
+        ("min_logged_steps", 26),
         ("persist_fraction", 0.5),
         ("spread_multiple", 0.0),
         ("min_excess", -0.1),
@@ -126,6 +131,75 @@ def test_never_two_rows_at_one_step() -> None:
     assert got == [(119, 1, "warning"), (219, 3, "warning"), (220, 1, "resolved")]
 
 
+def test_persistence_counts_training_steps_not_logged_ones() -> None:
+    # Logged every 4 steps, as the README's screenshot run: a 50% straggler from step 48
+    # of 80 is named within the 25 steps the persistence asks for (7 logged steps), where
+    # 25 logged steps would have needed 100 steps and never named it.
+    alerts = rows(cohort(80, 4, slow={1: [(48, 80, 0.5)]}, log_every=4))
+    assert [(a.rank, a.start_step) for a in alerts] == [(1, 48)]
+    assert 48 + 20 <= alerts[0].step <= 48 + 24
+    # A slowdown shorter than 25 steps is still no straggler at log_every=4.
+    assert rows(cohort(400, 4, slow={1: [(100, 115, 0.5)]}, log_every=4)) == []
+
+
+def test_a_sparse_log_every_widens_the_window_to_min_logged_steps() -> None:
+    # Logged every 10 steps, 25 steps hold 3 logged ones: too few to tolerate one noisy
+    # step. The window reaches back to 5 (50 steps): a 25-step burst, 3 logged steps above
+    # the bar, is not named; a sustained slowdown is, once 4 of its last 5 are slow.
+    assert rows(cohort(400, 4, slow={2: [(195, 220, 0.5)]}, log_every=10)) == []
+    (alert,) = rows(cohort(400, 4, slow={2: [(200, 400, 0.5)]}, log_every=10))
+    assert (alert.rank, alert.start_step, alert.step) == (2, 200, 230)
+
+
+def _tp_cohort(steps: int, slow_rank: int, in_group_last: float, seed: int = 0):
+    """8 ranks, dp=4 x tp=2 (peer groups: even and odd ranks). Each peer group leaves its
+    gradient reduction at its own time and its ranks then arrive within 5 ms; the group of
+    `slow_rank` arrives first but in every 10th step. From step 10 `slow_rank` computes 15%
+    longer and arrives last of its group in `in_group_last` of the steps (else at random)."""
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        compute = COMPUTE_S * np.exp(0.01 * rng.standard_normal(8))
+        arrival_s = rng.uniform(0.0, 0.005, 8)
+        own_group = np.arange(8) % 2 == slow_rank % 2
+        arrival_s[~own_group if step % 10 else own_group] += 0.02
+        if step >= 10:
+            compute[slow_rank] *= 1.15
+            if rng.random() < in_group_last:
+                arrival_s[slow_rank] = arrival_s[own_group].max() + 0.001
+        waits = arrival_s.max() - arrival_s
+        yield compute, waits
+
+
+def _views(cohort_rows, tp: int):
+    for step, (compute, waits) in enumerate(cohort_rows):
+        ranks = RankView.of(tp=tp, compute_time_s=compute.tolist(), wait_time_s=waits.tolist())
+        yield StepView("r", step, float(step), 2.0, 1.0, step_time_s=0.3, ranks=ranks)
+
+
+def test_with_tensor_parallelism_a_straggler_is_last_of_its_data_parallel_peers() -> None:
+    # Last of its peer group in every step, but of all 8 ranks in 10% (its group usually
+    # arrives first): under the 25% (twice chance) of the whole cohort, over the
+    # 50% of its group of 4. Named within 25 steps where the run's tp is known, not without.
+    alerts = rows(_views(_tp_cohort(60, 5, in_group_last=1.0), tp=2))
+    assert [(a.rank, a.start_step) for a in alerts] == [(5, 10)]
+    assert alerts[0].step <= 10 + 25
+    assert rows(_views(_tp_cohort(60, 5, in_group_last=1.0), tp=1)) == []
+    # Slow by its CPU time but arriving in its group at random: it kept nobody waiting.
+    assert rows(_views(_tp_cohort(200, 5, in_group_last=0.0), tp=2)) == []
+
+
+def test_recorded_8_rank_run_the_straggler_is_named_within_30_steps() -> None:
+    # A real dp=4 x tp=2 run, 8 ranks on 2 cores: rank 5 15% slower from step 10. It
+    # arrived last of all in 20% of its first 25 slow steps (the even and odd peer groups
+    # reach the hooks' collective in either order), last of its 3 peers in 64%.
+    views = _recorded("quiet_8rank_straggler.csv", ranks=8, tp=2)
+    (alert,) = rows(views)
+    assert (alert.rank, alert.start_step) == (5, 10)
+    assert alert.step <= 10 + 30
+    # Judged against all 8 ranks alone (the run's tp unknown), it was named 33 steps late.
+    assert [a.step for a in rows(_recorded("quiet_8rank_straggler.csv", ranks=8))] == [43]
+
+
 def _realistic_clean(steps: int, ranks: int, seed: int):
     """A clean cohort on a busy machine, shaped after the loaded 4-rank CPU runs
     (docs/benchmarks.md): heavy-tailed per-step noise (Student t, 3 degrees of freedom,
@@ -152,17 +226,18 @@ def test_no_alert_on_noisy_clean_cohorts(ranks: int) -> None:
         assert rows(_realistic_clean(1000, ranks, seed)) == [], seed
 
 
-def _recorded(name: str) -> list[StepView]:
-    """A recorded clean 4-rank run of 1,000 steps (dp=2 x tp=2, CPU) with 8 busy processes
-    on its 2 cores: each row the compute_time_s then the wait_time_s of ranks 0-3."""
+def _recorded(name: str, ranks: int = 4, tp: int = 1) -> list[StepView]:
+    """A recorded real CPU run: each row a step's compute_time_s then wait_time_s of each
+    rank. loaded_clean_*: clean, 4 ranks (dp=2 x tp=2), 1,000 steps with 8 busy
+    processes on its 2 cores. `tp`: the run's tensor-parallel degree as the view has it."""
     table = np.loadtxt(DATA / name, delimiter=",")
-    assert table.shape == (1000, 8)
+    assert table.shape[1] == 2 * ranks
     views = []
     for step, row in enumerate(table):
-        compute, waits = row[:4], row[4:]
+        compute, waits = row[:ranks], row[ranks:]
         end = float((compute + waits).max())
-        ranks = RankView.of(compute_time_s=compute.tolist(), wait_time_s=waits.tolist())
-        views.append(StepView("r", step, float(step), 2.0, 1.0, step_time_s=end, ranks=ranks))
+        view = RankView.of(tp=tp, compute_time_s=compute.tolist(), wait_time_s=waits.tolist())
+        views.append(StepView("r", step, float(step), 2.0, 1.0, step_time_s=end, ranks=view))
     return views
 
 
@@ -251,3 +326,17 @@ def test_real_4_rank_run(tmp_path: Path, inject: list[str]) -> None:
         return
     assert [(a.rank, a.severity) for a in alerts] == [(2, "warning")]
     assert alerts[0].start_step >= 10
+
+
+@pytest.mark.slow
+def test_real_run_logged_every_4_steps(tmp_path: Path) -> None:
+    """A real dp=2 x tp=2 run on CPU logged every 4 steps, as the README's screenshot run:
+    a 50% straggler from step 20 of 64 (11 logged steps of it) is named, once. Counted in
+    logged steps, the persistence (25) would have outlasted the run."""
+    out = tmp_path / "run.jsonl"
+    run_trainer(["--dp", "2", "--tp", "2", "--steps", "64", "--log-every", "4",
+                 "--canary-every", "8", "--telemetry-file", str(out),
+                 "--inject", "straggler:rank=1,step=20,slowdown=0.5"], nproc=4)  # fmt: skip
+    alerts = _straggler_alerts(out)
+    assert [(a.rank, a.severity) for a in alerts] == [(1, "warning")]
+    assert alerts[0].start_step >= 20
