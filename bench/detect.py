@@ -15,7 +15,7 @@ Two sources of labeled runs, both fed through the Analyzer the collector runs:
   faults injected by trainer/faults.py, and clean runs of 60 to 1,000 steps (REAL_RUNS).
   Most train while the bench itself loads the machine to 4x its cores with busy
   processes, killed after each run; a few (a 15% straggler on 4 and on 8 ranks, a clean
-  run) add no load. Their telemetry files are kept in --real-dir and reused; delete
+  run of each size) add no load. Their telemetry files are kept in --real-dir and reused; delete
   them to train again. The real runs take about 15 minutes on 2 cores.
 
 False alerts are reported per 10,000 clean steps, for every kind, separately for the
@@ -280,6 +280,7 @@ REAL_RUNS = {
     "quiet-8rank-straggler15": RealRun(
         ("straggler:rank=5,step=10,slowdown=0.15",), steps=60, loaded=False, nproc=8
     ),
+    "quiet-8rank-clean": RealRun(steps=200, loaded=False, nproc=8, extra=("--seed", "6")),
 }
 
 
