@@ -302,8 +302,9 @@ def busy_machine(loaded: bool) -> Iterator[None]:
 
 def train(name: str, run: RealRun, path: Path) -> str:
     """Run the trainer into the telemetry file `path`; a note on the machine's load."""
-    flags = [*run.layout, "--steps", str(run.steps), "--canary-every", str(REAL_CANARY_EVERY),
-             "--telemetry-file", str(path), *run.extra]  # fmt: skip
+    # CPU and gloo on any machine: the figures are CPU runs' (a GPU would be picked by "auto").
+    flags = [*run.layout, "--device", "cpu", "--steps", str(run.steps), "--canary-every",
+             str(REAL_CANARY_EVERY), "--telemetry-file", str(path), *run.extra]  # fmt: skip
     for spec in run.injects:
         flags += ["--inject", spec]
     print(f"  training {name} ({run.steps} steps) ...", file=sys.stderr, flush=True)
