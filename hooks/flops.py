@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 
 def flops_per_token(
@@ -31,10 +36,9 @@ def flops_per_token(
     return float(dense + attention)
 
 
-# What a run's MFU rests on when attach() is given no flops_per_token (hooks/runmeta.py).
-# Right for a dense transformer without its attention term; for other models (a CNN, a
-# mixture of experts) pass flops_per_token, e.g. counted over one step with
-# torch.utils.flop_counter.FlopCounterMode / tokens of that step.
+# What a run's MFU rests on when attach() is given no flops_per_token, until its first
+# step is counted (StepFlops), or when that count fails (hooks/runmeta.py). Right for a
+# dense transformer without its attention term.
 FLOPS_ESTIMATE = "estimate: 6 x non-embedding parameters per token (dense transformer rule)"
 
 
@@ -99,3 +103,114 @@ def peak_flops(
         )
         return float("nan"), f"unknown device {name}"
     return measure_cpu_peak_flops(), "measured:cpu-float32-matmul"
+
+
+class StepFlops:
+    """One training step's FLOPs, counted once by torch's FlopCounterMode, for a model
+    attach() was given no flops_per_token for (a CNN, a mixture of experts: the 6 N rule
+    is a dense transformer's).
+
+    The count runs from the model's first forward with gradients on (an evaluation under
+    no_grad before training is no training step) to the next monitor.step: the step's
+    forward and backward, every micro-batch of it; the optimizer step comes after
+    monitor.step. FlopCounterMode reads tensor shapes only: it launches no kernel and
+    waits for none, so the count syncs nothing, but every op of that one step goes
+    through Python (one slow step). Then the hook is removed: later steps pay nothing.
+
+    What it counts is torch's flop_registry: matmuls, convolutions, attention (2 FLOPs
+    per multiply-add), the model FLOPs of PaLM's MFU; elementwise work is not counted.
+    A count that fails (a formula raising on an op's shapes, another dispatch mode still
+    open at the step's end, a forward run compiled: torch.compile sees no hook to enter
+    it from) leaves `error` set and the estimate in place.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.error: str | None = None
+        self._counter: FlopCounterMode | None = None
+        self._failed: list[str] = []
+        self._hook = model.register_forward_pre_hook(self._begin)
+
+    def _begin(self, module: nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():
+            self.error = "the forward ran compiled (torch.compile): nothing was counted"
+            return
+        if self._counter is not None or not torch.is_grad_enabled():
+            return
+        self._hook.remove()
+        self.error = None
+        registry = {op: self._guarded(op, formula) for op, formula in _formulas().items()}
+        counter = FlopCounterMode(display=False, custom_mapping=registry)
+        try:
+            counter.__enter__()
+        except Exception as e:  # telemetry never breaks training
+            self.error = f"FlopCounterMode did not start: {type(e).__name__}: {e}"
+            return
+        self._counter = counter
+
+    def _guarded(self, op: Any, formula: Callable[..., int]) -> Callable[..., int]:
+        """`formula`, but an error in it fails the count rather than the user's forward."""
+
+        def count(*args: Any, **kwargs: Any) -> int:
+            try:
+                return formula(*args, **kwargs)
+            except Exception as e:  # any formula's: the forward it runs in is the user's
+                self._failed.append(f"{op}: {type(e).__name__}: {e}")
+                return 0
+
+        count._get_raw = True  # type: ignore[attr-defined]  # already shape-wrapped
+        return count
+
+    def finish(self) -> int | None:
+        """End the count: the FLOPs of the step, or None (`error` says why). Idempotent."""
+        self._hook.remove()
+        counter, self._counter = self._counter, None
+        if counter is None:
+            self.error = self.error or "no forward with gradients ran before the step's end"
+            return None
+        if _get_current_dispatch_mode() is not counter.mode:
+            # Leaving would pop the other mode, not ours: the user's code opened one.
+            self.error = "another torch dispatch mode was still open at the step's end"
+            return None
+        counter.__exit__(None, None, None)
+        if self._failed:
+            self.error = f"a FLOP formula failed ({self._failed[0]})"
+            return None
+        return counter.get_total_flops()
+
+
+def _formulas() -> dict[Any, Callable[..., int]]:
+    """torch's FLOP formulas, plus the CPU attention kernel's: torch (2.13) has them for
+    the CUDA kernels only, and the CPU one takes the same shapes first (query, key, value;
+    its backward grad_out first), so the count is the same."""
+    aten = torch.ops.aten
+    formulas = dict(flop_registry)
+    for cpu, cuda in [
+        ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention"),
+        (
+            "_scaled_dot_product_flash_attention_for_cpu_backward",
+            "_scaled_dot_product_flash_attention_backward",
+        ),
+    ]:
+        if hasattr(aten, cpu) and getattr(aten, cuda) in formulas:
+            formulas.setdefault(getattr(aten, cpu), formulas[getattr(aten, cuda)])
+    return formulas
+
+
+# Why a tensor-parallel run keeps the estimate: FlopCounterMode sees a DTensor op at its
+# global shapes (a sharded matmul whole) but an op on a rank's local shard (attention over
+# its heads) as that rank's share; one rank's count is neither the model's nor its own
+# (dp=2 x tp=2 counted 794,624 FLOPs per token of the reference model, one process 851,968).
+TP_NOT_COUNTED = "tensor parallelism (one rank's FlopCounterMode count is not the model's)"
+
+
+def counted_source(flops: int, tokens: int, step: int) -> str:
+    """runs.flops_source of a counted run: how, over what."""
+    return (
+        f"counted: torch FlopCounterMode over step {step}'s forward and backward, "
+        f"{flops:.4g} FLOPs / {tokens} tokens"
+    )
+
+
+def estimate_source(why_not_counted: str | None) -> str:
+    """runs.flops_source of a run left with the 6 N estimate, and why it was not counted."""
+    return FLOPS_ESTIMATE + (f"; not counted: {why_not_counted}" if why_not_counted else "")

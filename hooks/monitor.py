@@ -44,6 +44,7 @@ from .canary import Canary
 from .comms import CommsMeter
 from .config import MonitorConfig
 from .exporter import Exporter, HttpExporter, NullExporter
+from .flops import TP_NOT_COUNTED, StepFlops, counted_source, estimate_source
 from .heartbeat import HeartbeatSender, Liveness, NullHeartbeat, PhaseHooks
 from .layers import check_attachable, find_layers, local, plain_activation_weight
 from .meter import Meter
@@ -169,6 +170,15 @@ class Monitor:
         self.run_id = run_meta.pop("run_id")
         self.flops_per_token = run_meta["flops_per_token"]
         self.peak_flops_per_s = run_meta["peak_flops_per_s"]
+        # Without flops_per_token, rank 0 (whose steps rows carry MFU) counts its first
+        # step's FLOPs (flops.StepFlops); the runs row waits for the count: a stored runs
+        # row is never replaced.
+        counting = self.rank == 0 and cfg.flops_per_token is None
+        if counting and run_meta["tp"] > 1:
+            counting = False
+            run_meta["flops_source"] = estimate_source(TP_NOT_COUNTED)
+        self._flops = StepFlops(model) if counting else None
+        self._runs_row = run_meta if self.rank == 0 else None
         self.reducer = StepReducer(
             self.params, self.layers, self.layout, self.device, world_size=self.world_size,
             group=self._group, node=self.node, plain_weight=plain_weight,
@@ -176,7 +186,7 @@ class Monitor:
         self.reader = ExportReader(
             exporter, self.run_id, rank=self.rank, node=self.node, layout=self.layout,
             world_size=self.world_size, interval_s=cfg.export_interval_s,
-            queue_size=cfg.queue_size, runs_row=run_meta if self.rank == 0 else None,
+            queue_size=cfg.queue_size, runs_row=None if counting else self._runs_row,
         )  # fmt: skip
         # `tokens` must be this rank's: checked against the token ids its forwards received.
         self.tokens_check = TokenCheck(
@@ -209,6 +219,8 @@ class Monitor:
         """
         now, arrival_unix_s = time.perf_counter(), time.time()
         step_time_s, self._last_step_end = now - self._last_step_end, now
+        if self._flops is not None:  # the first step only
+            self._end_flop_count(tokens)
         self.liveness.finished(self.step_count)
         loss = self._loss_scalar(loss)
         if lr is not None:
@@ -223,6 +235,22 @@ class Monitor:
         self._active = self._logged(self.step_count)
         for meter in self.meters:
             meter.start_step(self._active)
+
+    def _end_flop_count(self, tokens: int) -> None:
+        """End the first step's FLOP count: its FLOPs per token replace the estimate from
+        this step on, and the runs row, held back for it, goes out. No device sync."""
+        assert self._flops is not None and self._runs_row is not None
+        flops, why_not = self._flops.finish(), self._flops.error
+        self._flops = None
+        if flops and tokens > 0:
+            self.flops_per_token = flops / tokens  # data parallel: the whole model's
+            source = counted_source(flops, tokens, self.step_count)
+        else:
+            why_not = why_not or f"{flops} FLOPs over {tokens} tokens"
+            log.warning("trainvitals: MFU stays an estimate (6 N): FLOPs %s", why_not)
+            source = estimate_source(why_not)
+        row = {**self._runs_row, "flops_per_token": self.flops_per_token, "flops_source": source}
+        self.reader.runs_row(row)
 
     def _logged(self, step: int) -> bool:
         """Every log_every-th step, and the run's last one when total_steps is known."""
@@ -284,6 +312,9 @@ class Monitor:
         for meter in self.meters:
             meter.close()
         self._model._trainvitals_attached = False
+        if self._flops is not None:  # no step: nothing counted, the row goes as estimated
+            self._flops.finish()
+            self.reader.runs_row({**self._runs_row, "flops_source": estimate_source("no step")})
         if self.rank == 0:  # a clean end: alerting tells a finished run from a stalled one
             detail = {
                 "telemetry_dropped": self.telemetry_dropped,

@@ -35,6 +35,13 @@ class _Event:
 
 
 @dataclass
+class _RunsRow:
+    """The run's metadata, sent after the reader started (it waited for a FLOP count)."""
+
+    row: dict[str, Any]
+
+
+@dataclass
 class _Flush:
     """Export what is queued before this at once, then set `done`."""
 
@@ -105,6 +112,13 @@ class ExportReader:
         except queue.Full:
             self.dropped_steps += 1
 
+    def runs_row(self, row: dict[str, Any]) -> None:
+        """Export the run's metadata (rank 0, once) with the next batch. Never blocks."""
+        try:
+            self._queue.put_nowait(_RunsRow(row))
+        except queue.Full:
+            self.dropped_steps += 1
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export every step and event queued so far and wait (up to `timeout_s`) until the
         exporter has taken them (and its own force_flush). True if done in time."""
@@ -151,7 +165,9 @@ class ExportReader:
                 item.done.set()
                 continue
             urgent = isinstance(item, _Event)  # rare, and the record of a crash: sent at once
-            if urgent:
+            if isinstance(item, _RunsRow):
+                batch.append("runs", **item.row)
+            elif urgent:
                 batch.append("events", **item.row)
             elif item is not None:
                 # sync point: on this export thread only; training never waits for it.

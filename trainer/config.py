@@ -35,6 +35,8 @@ FLAG_HELP = {
     "run_id": "run id (1-128 of A-Z a-z 0-9 . _ : @ + = -, first a letter or digit); empty: new",
     "log_every": "the small reference runs log every step; the hooks default to 10",
     "peak_flops_per_s": "0: from the device table or measured",
+    "count_flops": "MFU from the FLOPs the hooks count over the first step (FlopCounterMode), "
+    "not from the PaLM formula",
     "canary_every": "steps between SDC canary fingerprints (on logged steps); 0: off",
     "hooks": '"off" trains without trainvitals (to measure what the hooks cost)',
     "checkpoint_dir": "DCP checkpoints go here (with --resume, a run goes on from the newest)",
@@ -72,6 +74,7 @@ class TrainConfig:
     run_id: str = ""
     log_every: int = 1
     peak_flops_per_s: float = 0.0
+    count_flops: bool = False
     canary_every: int = 50
     hooks: str = "on"
     checkpoint_dir: str = ""

@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
             log_every=cfg.log_every,
             model_name=f"llama-{cfg.preset}",
             model_config={**model_cfg.to_dict(), "seq_len": seq_len},
-            flops_per_token=flops_per_token(
+            flops_per_token=None
+            if cfg.count_flops
+            else flops_per_token(
                 model.num_params(),
                 n_embedding,
                 model_cfg.n_layers,

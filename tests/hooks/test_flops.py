@@ -1,16 +1,33 @@
-"""FLOPs per token, the peak table, and plans, checked against published figures."""
+"""FLOPs per token (counted, configured or estimated), the peak table, and plans, checked
+against published figures and hand counts."""
 
 from __future__ import annotations
 
 import math
 import subprocess
 import sys
+from pathlib import Path
 
+import orjson
 import pytest
 import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.flop_counter import register_flop_formula
 
-from trainvitals.hooks.flops import PEAKS, flops_per_token, lookup_peak, peak_flops
+from tests.conftest import run_trainer
+from trainvitals.hooks import InMemoryExporter, attach
+from trainvitals.hooks.flops import (
+    FLOPS_ESTIMATE,
+    PEAKS,
+    TP_NOT_COUNTED,
+    flops_per_token,
+    lookup_peak,
+    peak_flops,
+)
 from trainvitals.plan import plan
+from trainvitals.trainer.model import Transformer
+from trainvitals.trainer.presets import PRESETS
 
 # Vendor data sheets, dense tensor FLOP/s: the table must not drift silently.
 PINNED = {
@@ -90,21 +107,115 @@ def test_plan_command() -> None:
     assert r.returncode == 0 and "9e+25 FLOPs" in r.stdout and "13.9 days" in r.stdout
 
 
-def test_a_run_without_its_own_flops_count_says_its_mfu_is_an_estimate() -> None:
-    from torch import nn
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
 
-    from trainvitals.hooks import InMemoryExporter, attach
-    from trainvitals.hooks.flops import FLOPS_ESTIMATE
 
-    def run_row(**kwargs) -> dict:
-        cnn = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
-        out = InMemoryExporter()
-        monitor = attach(cnn, exporter=out, peak_flops_per_s=1e12, **kwargs)
-        loss = cnn(torch.randn(2, 1, 8, 8)).sum()
+# One step of _cnn on 2 images of 1 x 8 x 8, by hand (2 FLOPs per multiply-add):
+# conv forward 2 x 2 images x 4 out channels x 6 x 6 positions x 9 taps = 5,184, and its
+# weight gradient as much (the input needs no gradient); linear forward 2 x 2 x 144 x 2 =
+# 1,152, backward twice that (input and weight gradients).
+CNN_STEP_FLOPS = 5_184 + 5_184 + 1_152 + 2 * 1_152
+
+
+def _train_cnn(model: nn.Module, steps: int = 3, **config) -> InMemoryExporter:
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e12, log_every=1, **config)
+    with torch.no_grad():
+        model(torch.randn(2, 1, 8, 8))  # an evaluation before training: not a step
+    for _ in range(steps):
+        loss = model(torch.randn(2, 1, 8, 8)).sum()
         loss.backward()
-        monitor.step(loss=loss, tokens=2)
-        monitor.close()
-        return out.rows("runs")[0]
+        monitor.step(loss=loss, tokens=2)  # 2 images: the "tokens" of a CNN
+    monitor.close()
+    return out
 
-    assert run_row()["flops_source"] == FLOPS_ESTIMATE
-    assert run_row(flops_per_token=1.2e4)["flops_source"] == "configured"
+
+def test_a_cnns_flops_are_counted_once_as_by_hand() -> None:
+    out = _train_cnn(_cnn())
+    (run,) = out.rows("runs")
+    assert run["flops_per_token"] == CNN_STEP_FLOPS / 2  # 6 N: 6 x 330
+    assert run["flops_source"].startswith("counted: torch FlopCounterMode over step 0")
+    assert _get_current_dispatch_mode() is None  # the count ended with the first step
+    for step in out.rows("steps"):  # every step's MFU rests on the count, the first too
+        expected = step["tokens_per_s"] * CNN_STEP_FLOPS / 2 / 1e12
+        assert step["tflops_per_s_per_device"] == pytest.approx(expected)
+
+
+def test_a_run_given_its_flops_per_token_keeps_them() -> None:
+    (run,) = _train_cnn(_cnn(), flops_per_token=1.2e4).rows("runs")
+    assert (run["flops_per_token"], run["flops_source"]) == (1.2e4, "configured")
+
+
+@torch.library.custom_op("trainvitals_test::double", mutates_args=())
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return 2 * x
+
+
+@_double.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_a_count_that_fails_leaves_the_estimate_and_says_why() -> None:
+    @register_flop_formula(torch.ops.trainvitals_test.double)
+    def _broken(x_shape, *args, **kwargs) -> int:
+        raise RuntimeError("no formula for these shapes")
+
+    class Doubling(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cnn = _cnn()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.cnn(torch.ops.trainvitals_test.double(x))
+
+    model = Doubling()
+    out = _train_cnn(model)  # training goes on: the failure is the count's only
+    (run,) = out.rows("runs")
+    non_embedding = sum(p.numel() for p in model.parameters())
+    assert run["flops_per_token"] == 6.0 * non_embedding
+    assert run["flops_source"].startswith(FLOPS_ESTIMATE)
+    assert "not counted: a FLOP formula failed" in run["flops_source"]
+    assert "no formula for these shapes" in run["flops_source"]
+    assert len(out.rows("steps")) == 3
+
+
+def test_a_run_closed_before_any_step_sends_its_estimate() -> None:
+    out = InMemoryExporter()
+    attach(_cnn(), exporter=out, peak_flops_per_s=1e12).close()
+    (run,) = out.rows("runs")
+    assert run["flops_source"] == f"{FLOPS_ESTIMATE}; not counted: no step"
+
+
+def _reference_flops_per_token(preset: str) -> float:
+    """The reference model's training FLOPs per token by hand: 6 per weight of every
+    matmul (the linear layers and the output head; embeddings and norms are none) plus
+    attention 14 L H Q T: its forward's two matmuls (4 L H Q T) and a flash backward's
+    five (the scores recomputed: 10 L H Q T), as torch counts them."""
+    cfg = PRESETS[preset]
+    model = Transformer(cfg)
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return 6.0 * matmul + 14.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.max_seq_len
+
+
+@pytest.mark.slow
+def test_the_reference_trainer_counts_as_by_hand_on_one_process_and_dp_ranks(
+    tmp_path: Path,
+) -> None:
+    expected = _reference_flops_per_token("tiny")
+    for nproc, layout in [(1, []), (2, ["--dp", "2"]), (4, ["--dp", "2", "--tp", "2"])]:
+        path = tmp_path / f"{nproc}.jsonl"
+        run_trainer(
+            ["--steps", "2", "--global-batch", "4", "--count-flops", "--telemetry-file",
+             str(path), *layout],
+            nproc=nproc,
+        )  # fmt: skip
+        batches = map(orjson.loads, path.read_bytes().splitlines())
+        (run,) = [b["runs"] for b in batches if "runs" in b]
+        if nproc < 4:
+            assert run["flops_per_token"] == [expected], nproc
+            assert run["flops_source"][0].startswith("counted"), nproc
+        else:  # tensor parallel: not counted, and said so
+            assert run["flops_source"] == [f"{FLOPS_ESTIMATE}; not counted: {TP_NOT_COUNTED}"]
