@@ -106,6 +106,9 @@ def headline(
     if estimated_flops(run):
         mfu_label = "MFU (estimate)"
         mfu_help = f"FLOPs per token: {run.flops_source}; pass flops_per_token to attach()."
+    elif counted_flops(run):
+        mfu_label = "MFU (counted)"
+        mfu_help = f"FLOPs per token {run.flops_source}."
     top = st.columns(5)
     top[0].metric("last step", f"{int(latest.step):,}")
     top[1].metric("loss (nats/token)", fmt(latest.loss, ".4f", missing="non-finite"))
@@ -140,8 +143,14 @@ def headline(
 
 
 def estimated_flops(run: RunSummary) -> bool:
-    """Whether the run's FLOPs per token are an estimate, not the model's own count."""
-    return bool(run.flops_source) and run.flops_source != "configured"
+    """Whether the run's FLOPs per token are an estimate (a rule of thumb), not given by
+    the user nor counted over a step of the model (hooks/flops.py)."""
+    return bool(run.flops_source) and not (run.flops_source == "configured" or counted_flops(run))
+
+
+def counted_flops(run: RunSummary) -> bool:
+    """Whether the hooks counted the run's FLOPs per token over one of its steps."""
+    return (run.flops_source or "").startswith("counted")
 
 
 def eta_label(progress: derive.Progress, run: RunSummary) -> str:
@@ -207,6 +216,8 @@ def efficiency_charts(
         if estimated_flops(run):
             title += " (estimate)"
             left.caption(f"MFU estimate, FLOPs per token from {run.flops_source}.")
+        elif counted_flops(run):
+            left.caption(f"FLOPs per token {run.flops_source}.")
         left.altair_chart(charts.line(mfu, "mfu_pct", title, "MFU (%)", **on_axis))
     else:
         left.info("MFU unknown: the run reported no peak FLOP/s for its device.")
