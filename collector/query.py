@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from trainvitals.analyzer.goodput import stored_goodput
-from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS
+from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS, float_to_wire
 
 from .deps import get_store
 from .responses import (
@@ -52,10 +53,15 @@ _RANK_METRICS = tuple(f.name for f in RANKS.fields if f.name not in ("step", "ra
 
 
 def _columns(table: pa.Table) -> dict[str, list]:
-    """Arrow table -> JSON-ready columns; NaN and inf become null (JSON has no literal)."""
+    """Arrow table -> JSON-ready columns. JSON has no literal for NaN or inf: they are
+    served in the schema's wire form, the strings "NaN", "Infinity" and "-Infinity"
+    (trainvitals/schema/codec.py), as producers send them; null is a value never stored."""
     out = {}
-    for name, values in table.to_pydict().items():
-        out[name] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+    for field, column in zip(table.schema, table.columns, strict=True):
+        values = column.to_pylist()
+        if pa.types.is_floating(field.type) and pc.any(pc.invert(pc.is_finite(column))).as_py():
+            values = [float_to_wire(v) for v in values]
+        out[field.name] = values
     return out
 
 
@@ -453,7 +459,7 @@ def run_goodput(run_id: str, store: StoreDep) -> dict[str, Any]:
 
 def _goodput(store: Store, run_id: str) -> dict[str, Any]:
     doc = stored_goodput(run_id, store.query).to_dict()
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in doc.items()}
+    return {k: float_to_wire(v) for k, v in doc.items()}
 
 
 @router.get("/runs/{run_id}/alerts", response_model=list[AlertRow])  # type: ignore[valid-type]

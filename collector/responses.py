@@ -5,23 +5,28 @@ A model that mirrors a table is derived from the table's declaration in
 trainvitals/schema/declarations.py (names, types, descriptions), as the DDL and the
 validation are: a field added there appears here, in the SQL that fills it and in the
 OpenAPI schema. Every value may be null: a store made before a field was declared holds
-none for it, and a non-finite number is served as null (JSON has no literal for NaN or
-inf).
+none for it. JSON has no literal for NaN or inf: a field that may hold them (one declared
+`finite=False`, such as the loss) serves them in the schema's wire form, the strings
+"NaN", "Infinity" and "-Infinity" (`NonFinite`, trainvitals/schema/codec.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, create_model
 from pydantic import Field as Described
 
 from trainvitals.analyzer.goodput import Goodput
-from trainvitals.schema import ALERTS, EVENTS, RUNS, STEPS, Field, Table
+from trainvitals.schema import ALERTS, EVENTS, NONFINITE_TO_WIRE, RUNS, STEPS, Field, Table
 
 _PYTHON = {"int64": int, "float64": float, "string": str}
+# A NaN or inf value as the query API serves it: the schema's wire form.
+NonFinite = Literal["NaN", "Infinity", "-Infinity"]
+assert set(typing.get_args(NonFinite)) == set(NONFINITE_TO_WIRE.values())
+_NONFINITE_DOC = '; NaN and inf as the strings "NaN", "Infinity", "-Infinity"'
 
 # runs fields a run summary carries: all but the JSON documents (layer_names_json is
 # served decoded, as `layer_names`; a model's configuration and the hosts of every rank
@@ -34,9 +39,20 @@ STEP_VALUES = tuple(f.name for f in STEPS.fields if f.name != "step" and f.dtype
 STEP_MAXIMA = ("loss", "grad_norm")
 
 
+def _value_type(f: Field) -> Any:
+    """A field's values as served: its Python type, or a NonFinite string where the
+    declaration allows NaN and inf."""
+    return float | NonFinite if _nonfinite(f) else _PYTHON[f.dtype]
+
+
+def _nonfinite(f: Field) -> bool:
+    return f.dtype == "float64" and not f.finite
+
+
 def _nullable(f: Field) -> Any:
     """A table field as a model field: its type or null, described as the schema does."""
-    return (_PYTHON[f.dtype] | None, Described(description=f.doc))
+    doc = f.doc + (_NONFINITE_DOC if _nonfinite(f) else "")
+    return (_value_type(f) | None, Described(description=doc))
 
 
 def _row_model(name: str, table: Table, doc: str) -> type[BaseModel]:
@@ -60,15 +76,23 @@ RunSummary = create_model(
 )
 
 
+def _column(f: Field) -> Any:
+    """A column of a field's values, one per bucket; null where a bucket holds none."""
+    return list[_value_type(f) | None]  # type: ignore[misc]  # a type made at run time
+
+
 def _step_columns() -> type[BaseModel]:
     fields: dict[str, Any] = {
         "step": (list[int], Described(description="first step of each bucket"))
     }
     for name in STEP_VALUES:
-        doc = f"bucket mean of: {STEPS.by_name[name].doc}"
-        fields[name] = (list[float | None], Described(description=doc))
+        f = STEPS.by_name[name]
+        doc = f"bucket mean of: {f.doc}" + (_NONFINITE_DOC if _nonfinite(f) else "")
+        fields[name] = (_column(f), Described(description=doc))
     for name in STEP_MAXIMA:
-        fields[f"{name}_max"] = (list[float | None], Described(description=f"bucket max of {name}"))
+        f = STEPS.by_name[name]
+        doc = f"bucket max of {name}" + (_NONFINITE_DOC if _nonfinite(f) else "")
+        fields[f"{name}_max"] = (_column(f), Described(description=doc))
     doc = "One list per column, one entry per bucket of steps."
     return create_model("StepColumns", __doc__=doc, **fields)
 
@@ -90,15 +114,16 @@ EventRow = _row_model(
 
 
 def _goodput_model() -> type[BaseModel]:
-    """The analyzer's Goodput (analyzer/goodput.py) with its ratio; times may be null."""
+    """The analyzer's Goodput (analyzer/goodput.py) with its ratio; a time or the ratio
+    may be "NaN" (unknown: a run without the steps to tell)."""
     hints = typing.get_type_hints(Goodput)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(Goodput):
         kind = hints[f.name]
-        fields[f.name] = (kind | None if kind is float else kind, ...)
+        fields[f.name] = (kind | NonFinite if kind is float else kind, ...)
     fields["ratio"] = (
-        float | None,
-        Described(description="productive_s / wall_s; null without wall time"),
+        float | NonFinite,
+        Described(description='productive_s / wall_s; "NaN" without wall time'),
     )
     doc = "`GET /runs/{run_id}/goodput`: wall time, productive time, ratio, what was lost."
     return create_model("GoodputAnswer", __doc__=doc, **fields)

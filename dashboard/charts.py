@@ -22,7 +22,7 @@ CHART_HEIGHT_PX = 220
 # A heatmap row per layer or rank; beyond ~50 rows the cells get thin but stay readable.
 ROW_HEIGHT_PX = 14
 MAX_HEATMAP_HEIGHT_PX = 800
-# Cells whose value a log colour scale cannot show: NaN/inf (sent as null) or <= 0.
+# Cells whose value a log colour scale cannot show: NaN, inf or <= 0.
 INVALID_CELL_COLOR = "#d62728"
 SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e"}
 EVENT_COLOR = "#1f77b4"
@@ -79,7 +79,7 @@ def band_line(
 ) -> alt.LayerChart:
     """The bucket mean as a line, with a band up to the bucket's max (e.g. loss spikes)."""
     x = step_x(steps)
-    base = alt.Chart(frame[["step", mean_col, max_col]]).encode(x=x)
+    base = alt.Chart(_drawable(frame[["step", mean_col, max_col]])).encode(x=x)
     band = base.mark_area(opacity=0.25).encode(y=value_y(mean_col, y_title), y2=f"{max_col}:Q")
     line = base.mark_line().encode(
         y=f"{mean_col}:Q",
@@ -103,7 +103,7 @@ def line(
     """One metric over steps."""
     x = step_x(steps)
     chart = (
-        alt.Chart(frame[["step", col]])
+        alt.Chart(_drawable(frame[["step", col]]))
         .mark_line()
         .encode(
             x=x,
@@ -126,7 +126,7 @@ def multi_line(
     (a run of a comparison, a layer of a drill-down)."""
     x = x or step_x()
     chart = (
-        alt.Chart(frame[[x.shorthand.split(":")[0], series, "value"]])
+        alt.Chart(_drawable(frame[[x.shorthand.split(":")[0], series, "value"]]))
         .mark_line()
         .encode(
             x=x,
@@ -140,6 +140,12 @@ def multi_line(
         )
     )
     return with_markers(chart, marks, x).properties(title=title, height=CHART_HEIGHT_PX)
+
+
+def _drawable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with inf and -inf as NaN: an axis cannot reach them, and a line breaks
+    there as it does at a NaN (a non-finite loss has its alert marked on the chart)."""
+    return frame.replace([math.inf, -math.inf], math.nan)
 
 
 def health_link(run_id: str, step: int) -> str:
@@ -218,7 +224,7 @@ def layer_heatmap(
     """Step x layer heatmap on a log colour scale, layers in model order on the y axis.
 
     `frame` has columns step, layer, layer_name, value (the client's `layers()`) and,
-    optionally, `nonfinite` (derive.nonfinite_cells). Cells a log scale cannot show
+    optionally, `nonfinite` (the client's `layers()`). Cells a log scale cannot show
     (non-finite or <= 0) are drawn in red rather than dropped: a NaN gradient in one layer
     is exactly what this chart is for. A null cell that `nonfinite` does not flag was
     never measured and is left blank; without `nonfinite`, every null is non-finite.
@@ -402,7 +408,7 @@ def _heatmap(
     steps: tuple[int, int] | None,
     n_rows: int,
 ) -> alt.Chart | alt.LayerChart:
-    valid = cells["value"].notna()
+    valid = cells["value"].abs() < math.inf  # not NaN, not inf
     if log_scale:
         valid &= cells["value"] > 0
     if log_scale:

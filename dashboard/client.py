@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import pandas as pd
 
+from trainvitals.schema import float_from_wire
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 API = "/api/v1"
 EVENT_COLUMNS = ("step", "rank", "kind", "detail", "time_unix_s")
@@ -134,11 +136,12 @@ class CollectorClient:
     ) -> Series:
         """Per-step global metrics; one row per bucket (mean, plus max of loss and grad norm).
 
-        Non-finite values arrive as null and become NaN.
+        NaN and inf arrive in the schema's wire form and become NaN and inf; a value never
+        stored (null) becomes NaN too.
         """
         params = _window(start, end) | {"max_points": max_points}
         doc = self._get(f"{API}/runs/{run_id}/steps", params)
-        frame = pd.DataFrame(doc["columns"], dtype="float64")
+        frame = pd.DataFrame({name: _floats(values) for name, values in doc["columns"].items()})
         frame["step"] = frame["step"].astype("int64")
         return Series(bucket_steps=doc["bucket_steps"], frame=frame)
 
@@ -152,18 +155,18 @@ class CollectorClient:
         agg: str = "max",
         only: list[int] | None = None,
     ) -> Series:
-        """Per-layer `metric` in long format: columns step, layer (index), layer_name, value;
-        `only`: these layer indices, not all.
+        """Per-layer `metric` in long format: columns step, layer (index), layer_name, value,
+        nonfinite; `only`: these layer indices, not all.
 
-        A non-finite value (NaN, inf) and a value never measured (null in the store) both
-        arrive as null, since JSON has no NaN, and become NaN: derive.nonfinite_cells tells
-        them apart.
+        `value` is NaN both where the run measured NaN and where it measured nothing (null
+        in the store); `nonfinite` tells them apart: True where the collector served NaN
+        or inf (in the schema's wire form), a cell the heatmaps draw in red.
         """
         params = _window(start, end) | {"metric": metric, "max_steps": max_steps, "agg": agg}
         if only:
             params["layer"] = list(only)
         doc = self._get(f"{API}/runs/{run_id}/layers", params)
-        frame = _long_frame(doc, "layer")
+        frame = _long_frame(doc, "layer").assign(nonfinite=_served_nonfinite(doc["value"]))
         names = doc.get("layer_names") or []
         # Name an index the run's metadata does not cover by its number, not by a crash.
         frame["layer_name"] = [names[i] if i < len(names) else f"layer {i}" for i in frame.layer]
@@ -209,9 +212,8 @@ class CollectorClient:
         the node's mean throughput, step, compute and wait time, power and network rates
         (collector/query.py: _NODE_AGG). Empty if the run did not send its hosts."""
         doc = self._get(f"{API}/runs/{run_id}/nodes/summary", _window(start, end))
-        frame = pd.DataFrame(doc)
-        values = [c for c in frame.columns if c not in ("node", "host", "ranks")]
-        return frame.astype({c: "float64" for c in values})
+        keys = ("node", "host", "ranks")
+        return pd.DataFrame({c: v if c in keys else _floats(v) for c, v in doc.items()})
 
     def hosts(self, run_id: str) -> list[str] | None:
         """Host name of each rank (index: rank); None if the run did not send them."""
@@ -219,14 +221,17 @@ class CollectorClient:
 
     def goodput(self, run_id: str) -> dict[str, Any]:
         """The run's goodput as the analyzer (and `trainvitals replay`) computes it: ratio,
-        wall_s, productive_s and the time lost to restarts, checkpoints and stalls."""
+        wall_s, productive_s and the time lost to restarts, checkpoints and stalls; NaN
+        where unknown."""
         doc = self._get(f"{API}/runs/{run_id}/goodput")
-        return {k: math.nan if v is None else v for k, v in doc.items()}
+        return {k: math.nan if v is None else float_from_wire(v) for k, v in doc.items()}
 
     def alerts(self, run_id: str) -> pd.DataFrame:
         """The run's alerts, one row each, with the columns of `ALERT_COLUMNS`."""
         rows = self._get(f"{API}/runs/{run_id}/alerts")
         frame = pd.DataFrame(rows, columns=list(ALERT_COLUMNS))
+        frame["value"] = _floats(frame["value"].tolist())  # NaN and inf as served
+        frame["baseline"] = _floats(frame["baseline"].tolist())
         # Nullable integers: an alert about no rank or layer keeps its null, not a float.
         return frame.astype({"step": "Int64", "rank": "Int64", "layer": "Int64"})
 
@@ -264,14 +269,28 @@ def _window(start: int | None, end: int | None) -> dict[str, int]:
 
 
 def _long_frame(doc: dict[str, Any], key: str) -> pd.DataFrame:
-    """Long-format columns (step, key, value) as typed columns; null values become NaN."""
+    """Long-format columns (step, key, value) as typed columns; `value` as `_floats`."""
     return pd.DataFrame(
         {
             "step": pd.Series(doc["step"], dtype="int64"),
             key: pd.Series(doc[key], dtype="int64"),
-            "value": pd.Series(doc["value"], dtype="float64"),
+            "value": _floats(doc["value"]),
         }
     )
+
+
+def _floats(values: list) -> pd.Series:
+    """A served float column: NaN and inf, which JSON has no literal for, arrive in the
+    schema's wire form ("NaN", "Infinity", "-Infinity") and become floats again; a null
+    (nothing stored) becomes NaN."""
+    if str in set(map(type, values)):  # one pass in C; decoded only where one is served
+        values = [float_from_wire(v) for v in values]
+    return pd.Series(values, dtype="float64")
+
+
+def _served_nonfinite(values: list) -> pd.Series:
+    """Which served values are NaN or inf (a wire string), not null (nothing stored)."""
+    return pd.Series([isinstance(v, str) for v in values], dtype=bool)
 
 
 def _detail(response: httpx.Response) -> str:

@@ -217,39 +217,15 @@ def fingerprint_agreement(grid: pd.DataFrame) -> pd.DataFrame:
     return canary.assign(status=status.to_numpy())
 
 
-def nonfinite_cells(grid: pd.DataFrame, null_is_nonfinite: bool, grads: pd.DataFrame) -> pd.Series:
-    """Which cells of a step x layer grid hold a non-finite value, rather than no value.
-
-    The collector serves NaN, inf and a value never measured alike, as null. Where the
-    store holds no null (`null_is_nonfinite`: a required field, such as the gradient norm),
-    a null cell is a non-finite value. Elsewhere a null cell was not measured (the update
-    RMS of a run's first logged step, or of the first after a restart, has no optimizer
-    step before it), unless the layer's gradients were non-finite in that bucket (`grads`,
-    the gradient norm grid over the same buckets) and the metric has a value somewhere in
-    the window: an update made from non-finite gradients is non-finite, and the hooks
-    send it as null.
-    """
-    missing = grid["value"].isna()
-    if null_is_nonfinite:
-        return missing
-    if missing.all():  # the run did not report the metric: nothing to call non-finite
-        return pd.Series(False, index=grid.index)
-    key = ["step", "layer"]
-    bad = grads.loc[grads["value"].isna(), key].assign(bad_grads=True)
-    flagged = grid[key].merge(bad, on=key, how="left")["bad_grads"].eq(True)
-    return missing & flagged.to_numpy()
-
-
 def first_jump(layers: pd.DataFrame) -> pd.Series | None:
     """The earliest cell at least JUMP_RATIO x its layer's median over the window, or
     non-finite; None when no cell is.
 
-    `layers` holds step, layer, layer_name, value and, optionally, `nonfinite` (from
-    `nonfinite_cells`): without it every null cell counts as non-finite, with it a null
-    cell that is not flagged was never measured and is no jump. Ties on the step go to the
-    layer nearer the input.
+    `layers` holds step, layer, layer_name, value and nonfinite, as the client's
+    `layers()` gives them: a NaN value that is not `nonfinite` was never measured and is
+    no jump. Ties on the step go to the layer nearer the input.
     """
-    nonfinite = layers["nonfinite"] if "nonfinite" in layers else layers["value"].isna()
+    nonfinite = layers["nonfinite"]
     median = layers.groupby("layer")["value"].transform("median")
     jumped = ((layers["value"] >= JUMP_RATIO * median) & (median > 0)) | nonfinite
     hits = layers.assign(median=median)[jumped]

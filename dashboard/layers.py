@@ -12,7 +12,6 @@ from trainvitals.dashboard import charts, derive
 from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
 from trainvitals.dashboard.common import view_steps
 from trainvitals.dashboard.state import Window
-from trainvitals.schema import LAYERS
 
 DRILL_KEY = "drill_layers"
 # Points per drill-down line: the collector keeps each bucket's max, so a spike survives.
@@ -39,23 +38,13 @@ UPDATE_RATIO = "update / parameter ratio"
 def load(client: CollectorClient, run: RunSummary, window: Window) -> dict[str, Series]:
     """One bucketed step x layer grid per metric; max per bucket, so a spike survives.
 
-    Each grid's frame has a `nonfinite` column (derive.nonfinite_cells): the collector
-    serves a non-finite value and a value never measured alike, as null.
+    Each grid's frame has a `nonfinite` column (client.layers): where the run measured
+    NaN or inf, as opposed to nothing.
     """
     max_steps = charts.heatmap_steps(len(run.layer_names))
-    grids = {
+    return {
         m.field: client.layers(run.run_id, m.field, window.start, window.end, max_steps, agg="max")
         for m in METRICS
-    }
-    grads = grids["grad_norm"].frame
-    return {
-        field: Series(
-            grid.bucket_steps,
-            grid.frame.assign(
-                nonfinite=derive.nonfinite_cells(grid.frame, LAYERS.by_name[field].required, grads)
-            ),
-        )
-        for field, grid in grids.items()
     }
 
 

@@ -131,7 +131,7 @@ RERUN_REL_TOL = 0.02
 def classify(stored: float | None, rerun: float | None) -> str:
     """'data' when the re-run reproduces the stored loss (both non-finite counts), else
     'hardware'; 'unknown' when the re-run gave no loss. None or NaN: non-finite (the
-    collector serves a NaN loss as null)."""
+    collector's client gives None for a stored loss that is not finite)."""
     if rerun is None:
         return "unknown"
     bad_stored = stored is None or not math.isfinite(stored)

@@ -9,6 +9,7 @@ reads the alert itself from here either way.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from trainvitals.schema import BatchBuilder
+from trainvitals.schema import BatchBuilder, float_from_wire
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Alert:
             message=str(row.get("message") or ""),
             rank=None if row.get("rank") is None else int(row["rank"]),
             start_step=None if row.get("start_step") is None else int(row["start_step"]),
-            value=None if row.get("value") is None else float(row["value"]),
+            value=None if row.get("value") is None else float(float_from_wire(row["value"])),
         )
 
 
@@ -87,11 +88,13 @@ class CollectorClient:
         return next((x["last_step"] for x in r.json() if x["run_id"] == self.run_id), None)
 
     def step_loss(self, step: int) -> float | None:
-        """The stored loss of one step (None: not stored, or not finite)."""
+        """The stored loss of one step (None: not stored, or not finite: it goes into an
+        event's JSON detail, which has no literal for NaN or inf)."""
         r = self.http.get(f"/api/v1/runs/{self.run_id}/steps", params={"start": step, "end": step})
         r.raise_for_status()
         cols = r.json()["columns"]
-        return cols["loss"][0] if cols.get("step") == [step] else None
+        loss = float_from_wire(cols["loss"][0]) if cols.get("step") == [step] else None
+        return loss if loss is not None and math.isfinite(loss) else None
 
     def canary_steps(self, before_step: int) -> list[int]:
         """The steps before `before_step` on which the ranks ran the SDC canary."""

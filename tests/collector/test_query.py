@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainvitals.schema import ALERTS, EVENTS, RUNS, STEPS
+from trainvitals.schema import ALERTS, EVENTS, RUNS, STEPS, BatchBuilder
 
 from .conftest import counts, make_batch
 
@@ -41,10 +41,35 @@ def test_downsampling_keeps_a_spike_visible(client) -> None:
     assert max(cols["loss_max"]) == 50.0
 
 
-def test_nonfinite_values_are_served_as_null(client) -> None:
-    _fill(client, steps=range(2), losses=[math.nan, 2.0])
+def test_nonfinite_values_are_served_in_the_schemas_wire_form(client) -> None:
+    # A NaN loss at step 0; an inf gradient norm at step 1, and -inf activations in layer 0.
+    b = BatchBuilder("r1")
+    for step, loss, grad_norm in ((0, math.nan, 1.0), (1, 2.0, math.inf), (2, 2.0, 1.0)):
+        b.append("steps", step=step, time_unix_s=1000.0 + step, loss=loss, grad_norm=grad_norm,
+                 tokens=512, step_time_s=0.5, tokens_per_s=1024.0,
+                 tflops_per_s_per_device=0.1, mfu_ratio=0.25)  # fmt: skip
+        b.append("layers", step=step, layer=0, grad_norm=grad_norm,
+                 act_rms=-math.inf if step == 1 else 1.0)  # fmt: skip
+        b.append("ranks", step=step, rank=0, step_time_s=0.5, tokens_per_s=1024.0, loss=loss)
+    assert client.post("/api/v1/ingest", content=b.to_json()).status_code == 202
+    counts(client)
     cols = client.get("/api/v1/runs/r1/steps").json()["columns"]
-    assert cols["loss"] == [None, 2.0]
+    assert cols["loss"] == ["NaN", 2.0, 2.0] and cols["loss_max"] == ["NaN", 2.0, 2.0]
+    assert cols["grad_norm"] == [1.0, "Infinity", 1.0] and cols["grad_norm_max"][1] == "Infinity"
+    assert cols["step_time_s"] == [0.5] * 3  # a column without one is served as it is
+    grads = client.get("/api/v1/runs/r1/layers").json()
+    assert grads["value"] == [1.0, "Infinity", 1.0]
+    acts = client.get("/api/v1/runs/r1/layers", params={"metric": "act_rms"}).json()
+    assert acts["value"] == [1.0, "-Infinity", 1.0]
+    ranks = client.get("/api/v1/runs/r1/ranks", params={"metric": "loss"}).json()
+    assert ranks["value"] == ["NaN", 2.0, 2.0]
+    # /openapi.json says so, for the fields declared to hold them.
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    loss = schemas["StepColumns"]["properties"]["loss"]
+    assert {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]} in loss["items"]["anyOf"]
+    assert '"Infinity"' in loss["description"]
+    assert "enum" not in str(schemas["StepColumns"]["properties"]["step_time_s"])
+    assert "enum" in str(schemas["AlertRow"]["properties"]["value"])
 
 
 def test_unknown_run_and_bad_parameters(client) -> None:

@@ -317,7 +317,7 @@ def test_a_replaying_collector_is_said_to_be_and_a_live_one_refreshes(
     assert "Replay: a stored run" in texts(at.sidebar.caption)
 
 
-def layer_answers(values: dict[str, list[float | None]], n_layers: int = 2):
+def layer_answers(values: dict[str, list[float | str | None]], n_layers: int = 2):
     """A layers route answering each metric with its values, step by step (layer 0, 1, ...);
     a metric not in `values` comes back null, as from a run that did not report it."""
     n_cells = len(next(iter(values.values())))
@@ -379,9 +379,9 @@ def test_layers_show_a_non_finite_gradient_and_its_update_in_red(
     canned_run(canned_collector, n_steps=3)
     canned_collector.routes["/api/v1/runs/r1/layers"] = layer_answers(
         {
-            "grad_norm": [1.0, 1.0, 1.0, None, 1.0, 1.0],  # NaN at step 1, layer "out"
+            "grad_norm": [1.0, 1.0, 1.0, "NaN", 1.0, 1.0],  # NaN at step 1, layer "out"
             "act_rms": [1.0] * 6,
-            "update_rms": [None, None, 1e-3, None, 1e-3, 1e-3],
+            "update_rms": [None, None, 1e-3, "NaN", 1e-3, 1e-3],  # step 0: not measured
         }
     )
     at = run_app(monkeypatch, canned_collector.url, view="Layers")
@@ -396,7 +396,7 @@ def test_layers_of_a_run_non_finite_everywhere_are_red_not_missing(
 ) -> None:
     canned_run(canned_collector, n_steps=3)
     canned_collector.routes["/api/v1/runs/r1/layers"] = layer_answers(
-        {"grad_norm": [None] * 6, "act_rms": [None] * 6}  # NaN everywhere; no update RMS
+        {"grad_norm": ["NaN"] * 6, "act_rms": ["NaN"] * 6}  # NaN everywhere; no update RMS
     )
     at = run_app(monkeypatch, canned_collector.url, view="Layers")
     assert not at.exception

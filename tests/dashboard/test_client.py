@@ -18,9 +18,10 @@ STEPS = {
     "bucket_steps": 1,
     "columns": {
         "step": [10, 11],
-        "loss": [2.5, None],  # the collector sends a NaN loss as null
-        "loss_max": [2.5, None],
-        "mfu_ratio": [None, None],
+        "loss": [2.5, "NaN"],  # NaN and inf in the schema's wire form
+        "loss_max": [2.5, "NaN"],
+        "grad_norm": ["-Infinity", "Infinity"],
+        "mfu_ratio": [None, None],  # null: not stored
     },
 }
 
@@ -63,7 +64,9 @@ def test_runs_ignore_unknown_fields_and_null_metadata(canned_collector) -> None:
         assert client.runs() == [RunSummary(run_id="r1", last_step=5)]
 
 
-def test_steps_nulls_become_nan_and_an_open_window_is_not_sent(canned_collector) -> None:
+def test_steps_decode_nan_and_inf_nulls_become_nan_an_open_window_is_not_sent(
+    canned_collector,
+) -> None:
     canned_collector.routes["/api/v1/runs/r1/steps"] = (200, STEPS)
     with CollectorClient(canned_collector.url) as client:
         series = client.steps("r1", max_points=50)
@@ -71,6 +74,7 @@ def test_steps_nulls_become_nan_and_an_open_window_is_not_sent(canned_collector)
     assert series.frame["step"].tolist() == [10, 11]
     assert str(series.frame["step"].dtype) == "int64"
     assert math.isnan(series.frame["loss"][1])
+    assert series.frame["grad_norm"].tolist() == [-math.inf, math.inf]
     assert series.frame["mfu_ratio"].isna().all()
     assert [q for _, q in canned_collector.requests] == [
         {"max_points": "50"},

@@ -49,10 +49,10 @@ _BINARY_DTYPES = {"int64": "<i8", "float64": "<f8"}
 
 
 def float_to_wire(value: Any) -> Any:
-    """A non-finite float as its wire string ("NaN", "Infinity", "-Infinity"); any other
-    value as it is."""
+    """A non-finite float (numpy's too) as its wire string ("NaN", "Infinity",
+    "-Infinity"); any other value as it is."""
     if isinstance(value, float) and not math.isfinite(value):
-        return NONFINITE_TO_WIRE[repr(value)]
+        return NONFINITE_TO_WIRE[repr(float(value))]
     return value
 
 

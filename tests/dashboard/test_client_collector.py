@@ -1,0 +1,78 @@
+"""The dashboard's client against the real collector app, served over HTTP from a thread:
+NaN and inf arrive as stored."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from tests.conftest import free_port, wait_until
+from trainvitals.collector.main import create_app
+from trainvitals.collector.settings import Settings
+from trainvitals.dashboard import derive
+from trainvitals.dashboard.client import CollectorClient
+from trainvitals.schema import BatchBuilder
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, FastAPI]]:
+    """(URL, app) of a collector on a store in tmp_path, served by uvicorn in a thread: the
+    HTTP the dashboard reads, without starting a process."""
+    app = create_app(Settings(store_path=str(tmp_path / "store.duckdb")))
+    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, timeout_s=60)
+    yield f"http://127.0.0.1:{config.port}", app
+    server.should_exit = True
+    thread.join(timeout=60)
+
+
+def _ingest(url: str, app: FastAPI, docs: list[bytes]) -> None:
+    """Send batches through ingest; return once stored and analysed (Store.flush)."""
+    for body in docs:
+        r = httpx.post(f"{url}/api/v1/ingest", content=body, timeout=60)
+        assert r.status_code == 202, r.text
+    app.state.store.flush(60)
+
+
+def test_a_stored_nan_loss_and_inf_grad_norm_reach_the_dashboard_as_nan_and_inf(served) -> None:
+    url, app = served
+    b = BatchBuilder("r1")
+    # Step 0: a NaN loss, and no update RMS (no optimizer step before it: not measured).
+    # Step 1: an inf gradient norm, and the NaN update it made.
+    for step, loss, grad_norm, update_rms in (
+        (0, math.nan, 1.0, None),
+        (1, 2.0, math.inf, math.nan),
+        (2, 2.0, 1.0, 1e-3),
+    ):
+        b.append("steps", step=step, time_unix_s=1000.0 + step, loss=loss, grad_norm=grad_norm,
+                 tokens=512, step_time_s=0.5, tokens_per_s=1024.0,
+                 tflops_per_s_per_device=0.1, mfu_ratio=0.25)  # fmt: skip
+        b.append("layers", step=step, layer=0, grad_norm=grad_norm, act_rms=1.0,
+                 update_rms=update_rms)  # fmt: skip
+    _ingest(url, app, [b.to_json()])
+    with CollectorClient(url) as client:
+        steps = client.steps("r1").frame
+        grads = client.layers("r1", "grad_norm").frame
+        updates = client.layers("r1", "update_rms").frame
+        goodput = client.goodput("r1")
+    assert math.isnan(steps["loss"][0]) and steps["loss"][1:].tolist() == [2.0, 2.0]
+    assert steps["grad_norm"].tolist() == [1.0, math.inf, 1.0]
+    assert steps["loss_max"].isna().tolist() == [True, False, False]
+    assert grads["value"].tolist() == [1.0, math.inf, 1.0]
+    assert grads["nonfinite"].tolist() == [False, True, False]
+    # NaN twice, told apart: measured NaN at step 1, nothing measured at step 0.
+    assert updates["value"].isna().tolist() == [True, True, False]
+    assert updates["nonfinite"].tolist() == [False, True, False]
+    jump = derive.first_jump(updates)
+    assert (jump["step"], jump["layer"]) == (1, 0)
+    assert 0 < goodput["ratio"] <= 1
