@@ -1,0 +1,136 @@
+"""Small loss spikes judged on the loss's and the gradient norm's evidence together, over
+one step or two; a loss that rises with a learning-rate warm-up is no divergence unless
+the gradient norm grows too."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from trainvitals.analyzer.detectors import LossSpikeDetector
+from trainvitals.analyzer.divergence import DivergenceDetector
+from trainvitals.analyzer.lr_schedule import WarmUp
+from trainvitals.analyzer.views import StepView
+
+
+def _series(
+    n: int, seed: int, loss_noise: float, grad_noise: float
+) -> tuple[list[float], list[float]]:
+    """(loss, grad norm): a loss near 3 and a gradient norm near 1, log-normal noise."""
+    rng = random.Random(seed)
+    loss = [3.0 * math.exp(rng.gauss(0, loss_noise)) for _ in range(n)]
+    grad = [math.exp(rng.gauss(0, grad_noise)) for _ in range(n)]
+    return loss, grad
+
+
+def _spikes(loss: list[float], grad: list[float], lr: list[float] | None = None) -> list:
+    detector = LossSpikeDetector()
+    out = []
+    for s, (x, g) in enumerate(zip(loss, grad, strict=True)):
+        view = StepView("r", s, float(s), x, g, lr=math.nan if lr is None else lr[s])
+        out += detector.observe(view)
+    return out
+
+
+def test_a_two_step_spike_is_judged_on_both_steps_together() -> None:
+    # +15% for two steps with the gradient norm 1.9x on each: neither step alone reaches
+    # a 2x gradient norm; their mean is twice the evidence and clears 1.8x. (A quiet
+    # gradient norm, 2% noise, keeps its level's own error well inside those margins.)
+    for seed in range(5):
+        loss, grad = _series(600, seed, 0.02, 0.02)
+        level = sorted(grad[390:400])[5]
+        for s in (400, 401):
+            loss[s] *= 1.15
+            grad[s] = 1.9 * level
+        (alert,) = _spikes(loss, grad)
+        assert alert.step == 401
+        assert "over the last 2 steps" in alert.message
+        # One such step alone is not enough.
+        loss, grad = _series(600, seed, 0.02, 0.02)
+        loss[400] *= 1.15
+        grad[400] = 1.9 * level
+        assert _spikes(loss, grad) == []
+
+
+def test_hard_batches_on_consecutive_steps_are_no_spike() -> None:
+    # A hard batch moves the loss as much as a small spike, the gradient norm by 1.5x at
+    # most: on a quiet gradient norm that is many deviations, but not a 1.8x jump.
+    for seed in range(5):
+        loss, grad = _series(600, seed, 0.02, 0.05)
+        level = sorted(grad[390:400])[5]
+        for s in (400, 401):
+            loss[s] *= 1.15
+            grad[s] = 1.5 * level
+        assert _spikes(loss, grad) == []
+
+
+def test_the_gradient_norm_jump_is_judged_against_its_own_noise() -> None:
+    # Loss +8% at 2% noise with the gradient norm 2.2x: a spike when the gradient norm
+    # is quiet (5% noise: 2.2x is ~16 deviations), not when it is noisy (50% noise:
+    # ~1.6 deviations; combined with the loss's ~4 it stays under the joint threshold).
+    found = {}
+    for grad_noise in (0.05, 0.5):
+        hits = 0
+        for seed in range(10):
+            loss, grad = _series(600, seed, 0.02, grad_noise)
+            loss[400] *= 1.08
+            grad[400] = 2.2 * sorted(grad[390:400])[5]
+            alerts = _spikes(loss, grad)
+            assert [a.step for a in alerts] in ([], [400])
+            hits += len(alerts)
+        found[grad_noise] = hits
+    assert found == {0.05: 10, 0.5: 0}
+
+
+def test_a_gradient_norm_jump_without_a_loss_rise_is_no_loss_spike() -> None:
+    loss, grad = _series(600, 3, 0.02, 0.05)
+    grad[400] *= 4.0
+    assert _spikes(loss, grad) == []
+
+
+def _warmup_run(grad_growth: float, seed: int) -> list:
+    """Divergence alerts on a loss that rises by 25% with a learning rate warmed up
+    linearly over steps 0-300 (the loss lags it), flat after; the gradient norm's level
+    grows by `grad_growth` over the same steps."""
+    rng = random.Random(seed)
+    detector = DivergenceDetector()
+    out, smooth = [], 0.0
+    for s in range(800):
+        lr = 1e-3 * min(1.0, (s + 1) / 300)
+        smooth += (lr - smooth) / 20
+        loss = 3.0 * (1 + 0.25 * smooth / 1e-3) * math.exp(rng.gauss(0, 0.01))
+        frac = min(1.0, s / 300)
+        grad = math.exp(math.log(grad_growth) * frac + rng.gauss(0, 0.05))
+        out += [a for a in detector.observe(StepView("r", s, float(s), loss, grad, lr=lr))]
+    return [a for a in out if not a.resolves]
+
+
+def test_a_loss_rising_with_the_warm_up_is_no_divergence() -> None:
+    for seed in range(3):
+        assert _warmup_run(1.0, seed) == [], seed
+
+
+def test_a_divergence_during_the_warm_up_is_flagged_when_the_gradient_norm_grows() -> None:
+    for seed in range(3):
+        (alert,) = _warmup_run(3.0, seed)
+        assert alert.kind == "loss_diverging" and alert.step < 300
+
+
+@pytest.mark.parametrize(
+    ("lrs", "warming"),
+    [
+        # a warm-up: new peaks, then 2 logged steps of grace
+        ([1e-4, 2e-4, 3e-4, 3e-4, 3e-4, 3e-4], [True, True, True, True, True, False]),
+        # a decay is no warm-up; nor is rounding of a constant learning rate
+        ([1e-3, 9e-4, 8e-4, 1e-3 * (1 + 1e-4)], [True, True, True, False]),
+        # an unreported learning rate changes nothing
+        ([math.nan, math.nan, 1e-3, math.nan, math.nan], [False, False, True, True, True]),
+    ],
+)
+def test_warm_up_is_a_learning_rate_at_new_peaks_and_a_grace_after(
+    lrs: list[float], warming: list[bool]
+) -> None:
+    w = WarmUp(grace_steps=2)
+    assert [w.is_warming(lr) for lr in lrs] == warming
