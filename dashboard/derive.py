@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from trainvitals.analyzer.replica import outvoted
 from trainvitals.analyzer.straggler import (
     StragglerSettings,
     excess,
@@ -198,23 +199,24 @@ AGREES, DIFFERS, SPLIT = "agrees", "differs from the majority", "no majority"
 
 
 def fingerprint_agreement(grid: pd.DataFrame) -> pd.DataFrame:
-    """Status of each (bucket, rank) canary fingerprint against the bucket's majority.
+    """Status of each (bucket, rank) canary fingerprint, by the SDC canary detector's vote.
 
     `grid` holds bucket means of the fingerprints (step, rank, value); null where a bucket
-    has no canary step. Healthy ranks hash the same results, so their means are equal to
-    the bit; a rank whose mean differs had a different fingerprint at a canary step of
-    the bucket (or missed one). Where no value is held by more than half of the ranks,
-    nobody can be blamed: the bucket is SPLIT.
+    has no canary step. Each bucket's ranks vote as the detector's ranks do at a canary
+    step (analyzer.sdc.CanaryDetector), counted by the same function,
+    analyzer.replica.outvoted: a rank outvoted by a strict majority DIFFERS; where no
+    value is held by more than half of the ranks, nobody can be blamed: the bucket is
+    SPLIT. Healthy ranks hash the same results, so their means are equal to the bit; a
+    rank whose mean differs had a different fingerprint at a canary step of the bucket
+    (or missed one).
     """
     canary = grid.dropna(subset=["value"])
-    counts = canary.groupby(["step", "value"]).size().rename("n").reset_index()
-    ranks = canary.groupby("step").size().rename("ranks")
-    top = counts.sort_values("n").groupby("step").tail(1).set_index("step").join(ranks)
-    majority = top["value"].where(top["n"] * 2 > top["ranks"])
-    expected = canary["step"].map(majority)
-    status = expected.isna().map({True: SPLIT, False: DIFFERS})
-    status = status.mask(canary["value"] == expected, AGREES)
-    return canary.assign(status=status.to_numpy())
+    buckets = canary["step"].to_numpy(dtype="float64")
+    wrong, split = outvoted(canary["value"].to_numpy(dtype="float64"), buckets)
+    status = np.full(len(canary), AGREES, dtype=object)
+    status[np.isin(buckets, split)] = SPLIT
+    status[wrong] = DIFFERS
+    return canary.assign(status=status)
 
 
 def first_jump(layers: pd.DataFrame) -> pd.Series | None:

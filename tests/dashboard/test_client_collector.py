@@ -1,5 +1,6 @@
 """The dashboard's client against the real collector app, served over HTTP from a thread:
-NaN and inf arrive as stored."""
+NaN and inf arrive as stored, and the SDC canary vote the dashboard shows is the one the
+collector's detector made."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -18,7 +20,8 @@ from trainvitals.collector.main import create_app
 from trainvitals.collector.settings import Settings
 from trainvitals.dashboard import derive
 from trainvitals.dashboard.client import CollectorClient
-from trainvitals.schema import BatchBuilder
+from trainvitals.schema import BatchBuilder, encode_json
+from trainvitals.simulate import FleetSpec, simulate
 
 
 @pytest.fixture
@@ -76,3 +79,53 @@ def test_a_stored_nan_loss_and_inf_grad_norm_reach_the_dashboard_as_nan_and_inf(
     jump = derive.first_jump(updates)
     assert (jump["step"], jump["layer"]) == (1, 0)
     assert 0 < goodput["ratio"] <= 1
+
+
+def _dashboard_episodes(status: pd.DataFrame) -> set[tuple[int, int | None]]:
+    """(step, rank) where the dashboard's fingerprint view starts showing a rank outvoted,
+    and (step, None) where it starts showing no majority: the episodes that the detector
+    raises one alert each for."""
+    out: set[tuple[int, int | None]] = set()
+    differs: set[int] = set()
+    was_split = False
+    for step, rows in status.sort_values(["step", "rank"]).groupby("step"):
+        split = bool((rows["status"] == derive.SPLIT).any())
+        if split and not was_split:
+            out.add((int(step), None))
+        was_split = split
+        if split:  # a step without a majority names nobody and clears nobody
+            continue
+        now = set(rows.loc[rows["status"] == derive.DIFFERS, "rank"].astype(int))
+        out |= {(int(step), rank) for rank in now - differs}
+        differs = now
+    return out
+
+
+def test_the_dashboards_sdc_vote_is_the_detectors_on_a_stored_run(served) -> None:
+    url, app = served
+    # 8 ranks: rank 3 corrupt from step 100, rank 5 from step 200, each outvoted; 2 ranks,
+    # one corrupt from step 150: no strict majority. Logged, and a canary, every 50 steps.
+    every = {"log_every": 50, "canary_every": 50}
+    runs = {
+        "eight": FleetSpec(ranks=8, layers=2, step_time_s=1.0, steps=300, seed=3, **every,
+                           faults=("sdc:rank=3,step=100", "sdc:rank=5,step=200"),
+                           run_id="eight"),
+        "pair": FleetSpec(ranks=2, layers=2, step_time_s=1.0, steps=300, seed=4, **every,
+                          faults=("sdc:rank=1,step=150",), run_id="pair"),
+    }  # fmt: skip
+    _ingest(url, app, [encode_json(doc) for spec in runs.values() for doc in simulate(spec)])
+    found = {}
+    with CollectorClient(url) as client:
+        for run_id, spec in runs.items():
+            grid = client.ranks(run_id, "canary_fingerprint", max_steps=spec.steps, agg="mean")
+            assert grid.bucket_steps == 1  # each canary step a bucket of its own
+            assert grid.frame["value"].notna().sum() == 6 * spec.ranks
+            dashboard = _dashboard_episodes(derive.fingerprint_agreement(grid.frame))
+            alerts = client.alerts(run_id)
+            sdc = alerts[alerts["kind"] == "sdc"]
+            detector = {(int(s), None if pd.isna(r) else int(r))
+                        for s, r in zip(sdc["step"], sdc["rank"], strict=True)}  # fmt: skip
+            assert dashboard == detector, run_id
+            found[run_id] = detector
+    # Each injected fault, where it was injected.
+    assert found == {"eight": {(100, 3), (200, 5)}, "pair": {(150, None)}}
