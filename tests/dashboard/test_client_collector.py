@@ -81,6 +81,34 @@ def test_a_stored_nan_loss_and_inf_grad_norm_reach_the_dashboard_as_nan_and_inf(
     assert 0 < goodput["ratio"] <= 1
 
 
+def test_views_of_a_run_with_nan_and_inf_draw_them_without_an_infinite_axis(
+    served, monkeypatch
+) -> None:
+    """inf reaches the browser as a gap in a line (an axis cannot hold it) and as a red
+    cell in a layer heatmap, and no view fails on it."""
+    from tests.dashboard.test_app import chart_data, heatmap_cells, run_app
+
+    url, app = served
+    b = BatchBuilder("r1")
+    for step in range(6):
+        bad = step == 3
+        b.append("steps", step=step, time_unix_s=1000.0 + step, loss=math.inf if bad else 2.0,
+                 grad_norm=math.nan if bad else 1.0, tokens=512, step_time_s=0.5,
+                 tokens_per_s=1024.0, tflops_per_s_per_device=0.1, mfu_ratio=0.25)  # fmt: skip
+        for layer in range(2):
+            b.append("layers", step=step, layer=layer, act_rms=1.0,
+                     grad_norm=math.inf if bad and layer == 1 else 1.0)  # fmt: skip
+    _ingest(url, app, [b.to_json()])
+    overview = run_app(monkeypatch, url)
+    assert not overview.exception
+    drawn = [v for _, data in chart_data(overview) for rows in data.values() for row in rows
+             for v in row.values() if isinstance(v, float)]  # fmt: skip
+    assert drawn and not any(math.isinf(v) for v in drawn)
+    layers = run_app(monkeypatch, url, view="Layers")
+    assert not layers.exception
+    assert heatmap_cells(layers)[0] == (11, 1)  # the gradient norms: one red, layer 1 at step 3
+
+
 def _dashboard_episodes(status: pd.DataFrame) -> set[tuple[int, int | None]]:
     """(step, rank) where the dashboard's fingerprint view starts showing a rank outvoted,
     and (step, None) where it starts showing no majority: the episodes that the detector
