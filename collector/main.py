@@ -21,6 +21,7 @@ from trainvitals.analyzer import Analyzer
 from . import heartbeat, ingest, metrics, otlp, query
 from .analysis import follow
 from .decoding import Decoder
+from .gcguard import GcGuard
 from .limits import DecodeBudget
 from .middleware import CollectorMiddleware
 from .settings import Settings
@@ -101,6 +102,11 @@ def create_app(
         if app.state.watchdog is not None:
             _rebuild(app.state.watchdog)  # the runs live before a restart (watchdog.py)
             app.state.watchdog.start()
+        # Full garbage collections walk all of the above and hold the GIL: kept short by
+        # freezing what lives long (gcguard.py). Last, so that the state loaded is frozen.
+        gc_guard = GcGuard(settings.gc_max_objects) if settings.gc_max_objects else None
+        if gc_guard is not None:
+            gc_guard.start()
         try:
             yield
         finally:
@@ -108,6 +114,8 @@ def create_app(
                 app.state.watchdog.close()
             app.state.decoder.close()
             store.close()  # drains the queue: a clean stop loses nothing already accepted
+            if gc_guard is not None:
+                gc_guard.close()
 
     app = FastAPI(
         title="trainvitals collector",

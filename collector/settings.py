@@ -48,6 +48,13 @@ class Settings(BaseSettings):
         description="bodies smaller than this (after gzip) are decoded in a thread, not a "
         "worker process: the hand-off would cost more",
     )
+    gc_max_objects: int = Field(
+        50_000,
+        ge=0,
+        description="objects the garbage collector's oldest generation gathers before the "
+        "collector collects and freezes them, keeping its pauses short (collector/gcguard.py); "
+        "0: CPython's own full collections, whose pauses grow with the collector's state",
+    )
     retention_days: float = Field(
         0,
         ge=0,
