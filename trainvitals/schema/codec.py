@@ -11,7 +11,7 @@ appends whole tables to DuckDB.
 
 An int64 field takes whole numbers only: 10.0 is stored as 10, and 1.5 refuses the batch.
 JSON has no literal for NaN and inf: they travel as the strings "NaN", "Infinity" and
-"-Infinity" (`NONFINITE_TO_WIRE`).
+"-Infinity" (`NONFINITE_TO_WIRE`), and the collector's query API answers with them too.
 
 The msgpack form of a batch is the same document, except that a numeric column may also
 travel as one binary value instead of a list: a msgpack `bin` holding the column's values

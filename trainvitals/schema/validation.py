@@ -37,7 +37,7 @@ def to_arrow(doc: Any) -> tuple[str, dict[str, Any]]:
     half-way. Returns (run_id, {table name: pyarrow.Table with a run_id column first}).
 
     A column may be a list (JSON, msgpack), a binary column (bytes, or {"data", "valid"}
-    from msgpack, see the module docstring), or, in the same process, a numpy or pyarrow
+    from msgpack, see codec.py), or, in the same process, a numpy or pyarrow
     array (the fleet simulator's documents).
     """
     import pyarrow as pa
