@@ -15,8 +15,9 @@ process included, from /proc) per MB of request body, and that figure against a 
 batch's of the same endpoint and encoding (a native JSON batch for native ingest and
 heartbeats, an OTLP protobuf request of complete rows for OTLP), with the answers' status
 codes and the collector's peak RSS (its processes' peaks added up). A request counts until
-the write queue is empty and the live analysis has caught up: the detectors' work on what
-it stored is its cost too. A second table gives the figures up to the commit (the queue
+the write queue is empty, the live analysis has caught up and the collector is at rest
+again (its CPU under a fifth of a core): the detectors' work on what it stored is its cost
+too, not the next family's. A second table gives the figures up to the commit (the queue
 empty), the analysis left out, as the bench measured before. Each request's runs are new
 ones (a resend costs next to nothing). Before the families, one valid request of each
 kind is sent, not measured: the first large body starts the decoding process
@@ -62,6 +63,9 @@ JSON = {"content-type": "application/json"}
 PROTOBUF = {"content-type": "application/x-protobuf"}
 _LAG = "trainvitals_collector_analysis_lag_seconds"
 IDLE_S = 5.0  # /healthz is asked of the idle collector this long first
+# A collector at rest (the /healthz probe every 20 ms, its threads' ticks) uses about
+# 0.05 of a core; at work, one core or more.
+QUIET_CORES = 0.2
 STEP_FIELDS = ("time_unix_s", "loss", "grad_norm", "step_time_s", "tokens_per_s",
                "tflops_per_s_per_device", "mfu_ratio", "tokens")  # fmt: skip
 
@@ -95,6 +99,19 @@ class Collector:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 total += sum(int(f) for f in fields[11 : 15 if i == 0 else 13])
         return total / os.sysconf("SC_CLK_TCK")
+
+    def wait_quiet(self, interval_s: float = 0.25, timeout_s: float = 120.0) -> None:
+        """Until the collector uses under QUIET_CORES of CPU over `interval_s`: the analysis
+        lag reads 0 once the analysis has taken every due step, while it may still work on
+        them for seconds (3,000 new runs), which the next family would be charged with."""
+        deadline = time.monotonic() + timeout_s
+        before = self.cpu_s()
+        while time.monotonic() < deadline:
+            time.sleep(interval_s)
+            now = self.cpu_s()
+            if now - before < QUIET_CORES * interval_s:
+                return
+            before = now
 
     def peak_rss_mb(self) -> float:
         """Peak resident memory of the collector and its children, added up, in MB."""
@@ -296,6 +313,7 @@ def measure(
             time.sleep(1.1)
             while c.analysis_lag_s() > 0:
                 time.sleep(0.5)
+            c.wait_quiet()
             cpu_s += c.cpu_s() - before
             mb += len(body) / 1e6
             statuses.add(r.status_code)

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 
@@ -65,3 +66,20 @@ def test_the_collector_decodes_large_bodies_off_its_own_process(tmp_path) -> Non
         client.app.state.store.flush()
         assert counts(client)["steps"] == 3  # the first batch; nothing of the refused one
     assert decoder.worker_pids() == []  # stopped with the collector
+
+
+def test_a_huge_string_is_refused_in_the_worker_naming_the_field(tmp_path) -> None:
+    """A 4 MB runs.model: validated where it was decoded, so the collector's process never
+    holds it as a Python string; the 422 names the field and nothing is stored."""
+    from .test_ingest import _runs_row
+
+    settings = Settings(store_path=str(tmp_path / "s.duckdb"), decode_in_process_bytes=1024)
+    doc = {"schema_version": 1, "run_id": "r1", "runs": _runs_row(model="m" * 4_000_000)}
+    with TestClient(create_app(settings)) as client:
+        r = client.post("/api/v1/ingest", content=orjson.dumps(doc))
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"] == (
+            "runs.model: a value of 4000000 bytes exceeds the limit of 4096 bytes"
+        )
+        assert len(client.app.state.decoder.worker_pids()) == 1  # the body went there
+        assert client.get("/api/v1/runs").json() == []
