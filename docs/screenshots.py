@@ -116,7 +116,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="device of the trained runs")
     parser.add_argument("--port", type=int, default=8599, help="dashboard port")
     parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--run", help="run to show (default: the trained faulty run, else the newest)")
+    parser.add_argument(
+        "--run", help="run to show (default: the trained faulty run, else the newest)"
+    )
     parser.add_argument("--views", default=",".join(VIEWS), help="comma-separated views to shoot")
     parser.add_argument("--suffix", default="", help="added to each file name, e.g. -power")
     args = parser.parse_args()
