@@ -3,14 +3,15 @@
     python docs/screenshots.py --train                     # trains the runs it shows
     python docs/screenshots.py --store run.duckdb          # replays it (trainvitals dashboard)
     python docs/screenshots.py --collector http://127.0.0.1:8000
-    python docs/screenshots.py --store gpu_runs.duckdb --run gpu-faulty --views Overview --suffix -power
+    python docs/screenshots.py --store gpu_runs.duckdb --run gpu-faulty --views Overview \
+        --suffix=-power                                    # power: bench/gpu_power_run.sh
 
 `--train` starts a collector on a temporary store and trains two real 4-rank CPU runs into
 it with the reference trainer: "faulty" (a loss spike, a straggler and a faulty unit
 injected; logged every LOG_EVERY steps, as hooks log by default) and "baseline" (clean, for
 the Compare view); about 5 minutes on 2 cores. CPU runs have no power readings: the power
-screenshot (last line above) replays the store of two 1-GPU runs that bench/gpu_power_run.sh
-makes where a GPU is lent. Drives Debian's chromium through Playwright and writes docs/dashboard-<view>.png,
+screenshots replay the store of two 1-GPU runs that bench/gpu_power_run.sh makes where a GPU
+is lent. Drives Debian's chromium through Playwright and writes docs/dashboard-<view>.png,
 each cropped to the page's content; the Layers view follows two layers in its
 drill-down, the Nodes view lists the slowest node's ranks.
 """
