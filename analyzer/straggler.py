@@ -226,9 +226,48 @@ def rank_scores(
 
 
 @dataclass
+class _Signal:
+    """One way of telling a slow rank, its rings one row per logged step: each rank's
+    excess (NaN where this signal has none), the seconds it cost, and the per-step
+    spreads over `spread_steps`."""
+
+    column: str  # the ranks column behind it, for the alert's data link
+    slower: str  # how a message says a rank's excess, from its percentage {pct}
+    log_ratio: bool  # an excess is a log ratio (else a fraction of the step)
+    excess: np.ndarray
+    cost_s: np.ndarray
+    spreads: np.ndarray
+
+    @classmethod
+    def empty(
+        cls, column: str, slower: str, log_ratio: bool, s: StragglerSettings, n: int
+    ) -> _Signal:
+        return cls(
+            column,
+            slower,
+            log_ratio,
+            np.full((s.persist_steps, n), np.nan),
+            np.zeros((s.persist_steps, n)),
+            np.full(s.spread_steps, np.nan),
+        )
+
+    def percent(self, x: float) -> float:
+        """An excess (or a bar) as a percentage: how much slower, or how much of a step
+        later, than the median rank."""
+        return 100 * (math.expm1(x) if self.log_ratio else x)
+
+    def put(self, row: int, spread_row: int, x: np.ndarray | None, cost_s: np.ndarray) -> None:
+        """This step's excesses (None: the signal has none at this step) and costs."""
+        self.excess[row] = np.nan if x is None else x
+        self.cost_s[row] = cost_s
+        self.spreads[spread_row] = np.nan if x is None else step_spread(x)[0]
+
+
+@dataclass
 class _Episode:
     alert: Alert
     members: np.ndarray  # column indices of the ranks it named
+    signal: _Signal  # the signal that named them: it also ends the episode
 
 
 @dataclass
@@ -240,18 +279,21 @@ class StragglerDetector:
         self._reset(np.zeros(0, np.int64))
 
     def _reset(self, ranks: np.ndarray) -> None:
-        """Rings, one row per logged step: excesses, the seconds each rank cost, waits,
-        step numbers; per-step spreads over `spread_steps`; open episodes. `persist_steps`
-        rows hold any window: a window holds more than min_logged_steps logged steps only
-        where it holds every step."""
+        """Two signals (compute time, arrival), the waits and step numbers of their rows,
+        open episodes. `persist_steps` rows hold any window: a window holds more than
+        min_logged_steps logged steps only where it holds every step."""
         s, n = self.settings, len(ranks)
         self._ranks = ranks.copy()
-        self._excess = np.full((s.persist_steps, n), np.nan)
-        self._cost_s = np.zeros((s.persist_steps, n))
+        self._compute = _Signal.empty(
+            "compute_time_s", "{pct:.0f}% slower than the median rank by its compute time",
+            True, s, n,
+        )  # fmt: skip
+        self._arrival = _Signal.empty(
+            "wait_time_s", "{pct:.0f}% of a step later than the median rank at its end",
+            False, s, n,
+        )  # fmt: skip
         self._waits = np.zeros((s.persist_steps, n))
-        self._timed = np.zeros(s.persist_steps, bool)  # rows with compute times
         self._steps = np.zeros(s.persist_steps, np.int64)
-        self._spreads = np.full(s.spread_steps, np.nan)
         self._pushed = 0
         self._first_step = 0  # the cohort's first logged step
         self._episodes: list[_Episode] = []
@@ -269,26 +311,36 @@ class StragglerDetector:
         return [] if rows is None else self._judge(s, r.tp, rows)
 
     def _push(self, r: RankView, s: StepView) -> bool:
-        """This step's excesses and costs into the rings; False if it has none."""
+        """This step's excesses and costs into the rings; False if it has none.
+
+        Two signals, each judged against its own spread: a rank's compute time over the
+        median rank's (log ratio), and how much later than the median rank it arrived at
+        the step's synchronisation point, as a fraction of the step (close to a log
+        ratio; the last to arrive waits least), which is what the job waited for it.
+        Each misses what the other sees: on a machine with fewer cores than ranks the
+        scheduler decides who arrives last; on an idle one a rank's CPU time also counts
+        its polling in the collectives, so the ranks that wait longest look slowest."""
         compute = r.compute_time_s
-        if np.all(compute > 0):  # NaN (not reported) fails too
-            x = excess(compute)
-            # Its time beyond the median rank's: c - c / exp(x), without a second median.
-            cost_s = np.maximum(0.0, -compute * np.expm1(-x))
-        elif s.step_time_s > 0:
-            # Without compute times: how much later than the median rank each arrived (the
-            # last to arrive waits least), which is what the job waited for it.
-            late_s = fast_median(r.wait_time_s) - r.wait_time_s
-            x = late_s / s.step_time_s  # a fraction of the step: close to a log ratio
-            cost_s = np.maximum(0.0, late_s)
-        else:
+        timed = bool(np.all(compute > 0))  # NaN (not reported) fails too
+        if not timed and not s.step_time_s > 0:
             return False
         if self._pushed == 0:
             self._first_step = s.step
         row = self._pushed % self.settings.persist_steps
-        self._excess[row], self._cost_s[row], self._steps[row] = x, cost_s, s.step
-        self._waits[row], self._timed[row] = r.wait_time_s, np.all(compute > 0)
-        self._spreads[self._pushed % self.settings.spread_steps] = step_spread(x)[0]
+        spread_row = self._pushed % self.settings.spread_steps
+        zeros = np.zeros(len(compute))
+        if timed:
+            x = excess(compute)
+            # Its time beyond the median rank's: c - c / exp(x), without a second median.
+            self._compute.put(row, spread_row, x, np.maximum(0.0, -compute * np.expm1(-x)))
+        else:
+            self._compute.put(row, spread_row, None, zeros)
+        if s.step_time_s > 0:
+            late_s = fast_median(r.wait_time_s) - r.wait_time_s
+            self._arrival.put(row, spread_row, late_s / s.step_time_s, np.maximum(0.0, late_s))
+        else:
+            self._arrival.put(row, spread_row, None, zeros)
+        self._steps[row], self._waits[row] = s.step, r.wait_time_s
         self._pushed += 1
         return True
 
@@ -309,24 +361,35 @@ class StragglerDetector:
         """At most one row per step (the alerts table's key): a new episode first; an
         episode that ended waits for a step without one.
 
-        Judged: the ranks above the bar at this step (a rank turns slow at a step where it
-        is slow) and those in an episode: O(ranks) for the rest, not O(ranks x window).
+        Judged, per signal: the ranks above its bar at this step (a rank turns slow at a
+        step where it is slow) and those in an episode: O(ranks) for the rest, not
+        O(ranks x window). Slow by its compute time, a rank must also have kept others
+        waiting; late at the synchronisation point, it did.
         """
-        sigma = sigma_of(self._spreads)
-        window = self._excess[rows]
-        above_now = np.flatnonzero(window[-1] >= self.settings.bar(sigma))
-        columns = np.union1d(above_now, np.flatnonzero(self._in_episode))
-        scores = rank_scores(window, sigma, self.settings, columns)
-        new = np.flatnonzero(scores.slow & ~self._in_episode[columns])
-        new = new[self._kept_waiting(rows, scores.columns[new], tp)]
-        if len(new):
-            return [self._open(s, rows, new, scores)]
+        scored = {}
+        for signal in (self._compute, self._arrival):
+            scores = self._scores(signal, rows)
+            scored[id(signal)] = scores
+            new = np.flatnonzero(scores.slow & ~self._in_episode[scores.columns])
+            if signal is self._compute:
+                new = new[self._kept_waiting(rows, scores.columns[new], tp)]
+            if len(new):
+                return [self._open(s, signal, rows, new, scores)]
         need = self.settings.steps_needed(len(rows))
         for episode in self._episodes:
-            members = np.searchsorted(columns, episode.members)
+            scores = scored[id(episode.signal)]
+            members = np.searchsorted(scores.columns, episode.members)
             if (scores.below[members] >= need).all():
                 return [self._close(s, episode, scores, members[0], len(rows))]
         return []
+
+    def _scores(self, signal: _Signal, rows: np.ndarray) -> RankScores:
+        sigma = sigma_of(signal.spreads)
+        window = signal.excess[rows]
+        with np.errstate(invalid="ignore"):
+            above_now = np.flatnonzero(window[-1] >= self.settings.bar(sigma))
+        columns = np.union1d(above_now, np.flatnonzero(self._in_episode))
+        return rank_scores(window, sigma, self.settings, columns)
 
     def _kept_waiting(self, rows: np.ndarray, columns: np.ndarray, tp: int) -> np.ndarray:
         """Which of these ranks, slow by their compute time, also arrived after every other
@@ -334,10 +397,9 @@ class StragglerDetector:
         they have two or more, in min(min_last_fraction, 2 / ranks compared) of the
         window's steps. Peers: with tensor parallelism the peer groups leave their gradient
         reductions at different times, so a straggler is reliably last of its group only.
-        Judged on compute times: the arrival-only excess is this already. O(window x
-        ranks), only while some are slow."""
-        if not len(columns) or not self._timed[rows].all():
-            return np.ones(len(columns), bool)
+        O(window x ranks), only while some are slow."""
+        if not len(columns):
+            return np.zeros(0, bool)
         waits = self._waits[rows]
         others = waits.copy()
         others[:, columns] = np.inf  # the other slow ranks are not the ones kept waiting
@@ -363,13 +425,15 @@ class StragglerDetector:
         at most `min_last_fraction`."""
         return min(self.settings.min_last_fraction, 2 / n)
 
-    def _open(self, s: StepView, rows: np.ndarray, new: np.ndarray, scores: RankScores) -> Alert:
+    def _open(
+        self, s: StepView, signal: _Signal, rows: np.ndarray, new: np.ndarray, scores: RankScores
+    ) -> Alert:
         """A new episode of the ranks at positions `new` of the scores' columns."""
         new = new[np.argsort(-scores.median(new), kind="stable")]
         worst, members = new[0], scores.columns[new]
         ratio = math.exp(scores.median(new[:1])[0])
-        cost_s = fast_median(self._cost_s[rows, members[0]])
-        start = self._onset(rows, members[0], scores.bar)
+        cost_s = fast_median(signal.cost_s[rows, members[0]])
+        start = self._onset(signal, rows, members[0], scores.bar)
         ranks = self._ranks[members].tolist()
         others = f" (also {name_ranks(s.run, ranks[1:])})" if len(ranks) > 1 else ""
         alert = Alert.at(
@@ -378,25 +442,26 @@ class StragglerDetector:
             severity="warning",
             message=(
                 f"{name_rank(s.run, ranks[0])} is a straggler{others} since step {start}: "
-                f"{100 * (ratio - 1):.0f}% slower than the median rank (this run's bar: "
-                f"{100 * math.expm1(scores.bar):.0f}%, from its rank-to-rank spread) in "
-                f"{scores.above[worst]} of the last {len(rows)} logged steps; the job loses "
-                f"about {cost_s * 1e3:.0f} ms per step waiting for it. "
-                "Data: " + data_query(s.run_id, "ranks", "compute_time_s", start, s.step)
+                + signal.slower.format(pct=signal.percent(math.log(ratio)))
+                + f" (this run's bar: {signal.percent(scores.bar):.0f}%, from its "
+                f"rank-to-rank spread) in {scores.above[worst]} of the last {len(rows)} "
+                f"logged steps; the job loses about {cost_s * 1e3:.0f} ms per step waiting "
+                "for it. Data: " + data_query(s.run_id, "ranks", signal.column, start, s.step)
             ),
             value=ratio,
             baseline=math.exp(scores.bar),
             rank=ranks[0],
             start_step=start,
         )
-        self._episodes.append(_Episode(alert, members))
+        self._episodes.append(_Episode(alert, members, signal))
         self._in_episode[members] = True
         return alert
 
-    def _onset(self, rows: np.ndarray, column: int, bar: float) -> int:
+    def _onset(self, signal: _Signal, rows: np.ndarray, column: int, bar: float) -> int:
         """The episode's first step: the first step of the window to clear the bar after
         the last two in a row that did not (a lone noisy step before it does not count)."""
-        above = self._excess[rows, column] >= bar
+        with np.errstate(invalid="ignore"):
+            above = signal.excess[rows, column] >= bar
         calm = np.flatnonzero(~above[:-1] & ~above[1:])
         first = calm[-1] + 2 if len(calm) else 0
         return int(self._steps[rows][first:][above[first:]][0])
@@ -407,10 +472,11 @@ class StragglerDetector:
         self._episodes.remove(episode)
         self._in_episode[episode.members] = False
         rank = name_rank(s.run, episode.alert.rank)
-        now = math.expm1(scores.median([worst])[0])
+        now = scores.median([worst])[0]
         return episode.alert.resolved_at(
             s.step,
             s.time_unix_s,
-            f"{rank} is no longer a straggler: {100 * now:+.0f}% from the median rank "
-            f"over the last {logged} logged steps.",
+            f"{rank} is no longer a straggler: "
+            + episode.signal.slower.format(pct=episode.signal.percent(now))
+            + f" over the last {logged} logged steps.",
         )

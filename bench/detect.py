@@ -135,7 +135,9 @@ def sim_faults(rng: random.Random, steps: int, ranks: int, layers: int) -> tuple
     elif transient.startswith("stall"):
         seconds = rng.choice([120, 300, 900])
         rank = rng.randrange(ranks) if transient == "stall_rank" else -1
-        specs.append(f"stall:step={t_step},seconds={seconds},rank={rank}")
+        # No rank: the whole job stalls (the fault language takes no rank -1).
+        on_rank = f",rank={rank}" if rank >= 0 else ""
+        specs.append(f"stall:step={t_step},seconds={seconds}{on_rank}")
         truths.append(
             Truth(
                 "stall",

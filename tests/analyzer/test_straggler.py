@@ -200,6 +200,45 @@ def test_recorded_8_rank_run_the_straggler_is_named_within_30_steps() -> None:
     assert [a.step for a in rows(_recorded("quiet_8rank_straggler.csv", ranks=8))] == [43]
 
 
+def _idle_cohort(steps: int, slow_rank: int | None, seed: int = 0):
+    """8 ranks on an idle machine, 100 ms steps. Their CPU times vary by 4% a step (a
+    rank's CPU time also counts its polling in the collectives); they reach the step's
+    end within 1 ms of each other. From step 10 `slow_rank` works 15 ms more a step: 15%
+    more CPU time, inside the CPU times' noise (the bar, 5 sigmas, is about 20%), and it
+    arrives 15 ms after the others."""
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        compute = 0.1 * np.exp(0.04 * rng.standard_normal(8))
+        arrival_s = rng.uniform(0.0, 0.001, 8)
+        if slow_rank is not None and step >= 10:
+            compute[slow_rank] *= 1.15
+            arrival_s[slow_rank] += 0.015
+        waits = arrival_s.max() - arrival_s
+        ranks = RankView.of(tp=2, compute_time_s=compute.tolist(), wait_time_s=waits.tolist())
+        yield StepView("r", step, float(step), 2.0, 1.0, step_time_s=0.1, ranks=ranks)
+
+
+def test_a_straggler_hidden_in_the_cpu_times_noise_is_named_by_its_arrival() -> None:
+    (alert,) = rows(_idle_cohort(100, slow_rank=5))
+    assert (alert.rank, alert.start_step) == (5, 10)
+    assert alert.step <= 10 + 25
+    assert "15% of a step later than the median rank" in alert.message
+    assert "metric=wait_time_s" in alert.message
+    assert int(re.search(r"about (\d+) ms per step", alert.message).group(1)) in range(14, 17)
+    assert rows(_idle_cohort(1000, slow_rank=None)) == []
+
+
+def test_recorded_runs_of_an_idle_16_core_machine() -> None:
+    # dp=4 x tp=2 on CPU: CPU times spread 4% a step (bar 20%), the ranks reach the step's
+    # end within 1 ms but for the straggler (rank 5, 15% slower from step 10): named by its
+    # arrival within 20 steps. The clean run of 200 steps raises nothing.
+    (alert,) = rows(_recorded("idle16_8rank_straggler.csv", ranks=8, tp=2))
+    assert (alert.rank, alert.start_step) == (5, 10)
+    assert alert.step <= 10 + 20
+    assert "metric=wait_time_s" in alert.message
+    assert rows(_recorded("idle16_8rank_clean.csv", ranks=8, tp=2)) == []
+
+
 def _realistic_clean(steps: int, ranks: int, seed: int):
     """A clean cohort on a busy machine, shaped after the loaded 4-rank CPU runs
     (docs/benchmarks.md): heavy-tailed per-step noise (Student t, 3 degrees of freedom,
@@ -228,14 +267,15 @@ def test_no_alert_on_noisy_clean_cohorts(ranks: int) -> None:
 
 def _recorded(name: str, ranks: int = 4, tp: int = 1) -> list[StepView]:
     """A recorded real CPU run: each row a step's compute_time_s then wait_time_s of each
-    rank. loaded_clean_*: clean, 4 ranks (dp=2 x tp=2), 1,000 steps with 8 busy
-    processes on its 2 cores. `tp`: the run's tensor-parallel degree as the view has it."""
+    rank, then (where recorded) its step_time_s. loaded_clean_*: clean, 4 ranks (dp=2 x
+    tp=2), 1,000 steps with 8 busy processes on its 2 cores. `tp`: the run's
+    tensor-parallel degree as the view has it."""
     table = np.loadtxt(DATA / name, delimiter=",")
-    assert table.shape[1] == 2 * ranks
+    assert table.shape[1] in (2 * ranks, 2 * ranks + 1)
     views = []
     for step, row in enumerate(table):
-        compute, waits = row[:ranks], row[ranks:]
-        end = float((compute + waits).max())
+        compute, waits = row[:ranks], row[ranks : 2 * ranks]
+        end = float(row[-1] if len(row) > 2 * ranks else (compute + waits).max())
         view = RankView.of(tp=tp, compute_time_s=compute.tolist(), wait_time_s=waits.tolist())
         views.append(StepView("r", step, float(step), 2.0, 1.0, step_time_s=end, ranks=view))
     return views
