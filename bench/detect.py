@@ -567,6 +567,8 @@ def headline(sim: Summary, loaded: Summary, quiet: Summary) -> str:
     simulated = ""
     if sim.clean_steps:
         simulated = f"simulated {sim.rate():.2f} ({sim.clean_steps:,} clean steps), "
+    if not (real.clean_steps or faults):
+        return f"HEADLINE: false alerts per 10,000 steps: {simulated.removesuffix(', ')}"
     return (
         f"HEADLINE: false alerts per 10,000 steps: {simulated}real {real.rate():.2f} "
         f"({real.clean_steps:,} clean steps, {loaded.clean_steps:,} of them on a machine "
