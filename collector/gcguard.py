@@ -20,7 +20,8 @@ Cost: a reference cycle frozen while alive that dies later is never reclaimed (o
 without cycles are freed by reference counting as usual, frozen or not). What is frozen is
 what lived long (runs' detectors, ranks, the app); a request's cycles die young and are
 reclaimed by the young generations, or by the collection before each freeze. `close`
-unfreezes everything and restores the thresholds.
+unfreezes everything and restores the thresholds (the last guard of a process, where
+tests run two collectors at once).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ MAX_OBJECTS = 50_000
 TICK_S = 0.1
 FULL_EVERY_S = 60.0
 _NEVER = 2**30  # generation 2's threshold: it counts generation-1 collections
+# The process's settings are shared by the guards in it: the first saves, the last restores.
+_guards_lock = threading.Lock()
+_guards = 0
+_saved_thresholds = gc.get_threshold()
 
 
 class GcGuard:
@@ -65,7 +70,7 @@ class GcGuard:
         self.clock = clock
         self.freezes = 0  # times generation 2 was collected and frozen
         self.collections = 0  # full collections the guard ran, freezes included
-        self._thresholds: tuple[int, int, int] | None = None
+        self._taken = False
         self._gen1_runs = -1  # generation-1 collections counted at the last look
         self._next_full_s = 0.0
         self._stop = threading.Event()
@@ -74,8 +79,13 @@ class GcGuard:
     def take_over(self) -> None:
         """Turn automatic full collections off and freeze what the process holds now (its
         modules, the app, the state loaded at start-up): no later collection walks it."""
-        self._thresholds = gc.get_threshold()
-        gc.set_threshold(self._thresholds[0], self._thresholds[1], _NEVER)
+        global _saved_thresholds, _guards
+        with _guards_lock:
+            if _guards == 0:  # two collectors in one process (tests) share the settings
+                _saved_thresholds = gc.get_threshold()
+                gc.set_threshold(_saved_thresholds[0], _saved_thresholds[1], _NEVER)
+            _guards += 1
+        self._taken = True
         gc.collect(1)  # the young generations' cycles: not frozen
         gc.freeze()
         self._next_full_s = self.clock() + self.full_every_s
@@ -106,14 +116,20 @@ class GcGuard:
         return True
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread, unfreeze, and give collection back to CPython's thresholds."""
+        """Stop the thread; the process's last guard unfreezes and gives collection back to
+        CPython's thresholds."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self._thresholds is not None:
-            gc.set_threshold(*self._thresholds)
-            gc.unfreeze()
-            self._thresholds = None
+        global _guards
+        if not self._taken:
+            return
+        self._taken = False
+        with _guards_lock:
+            _guards -= 1
+            if _guards == 0:  # the last one out gives collection back
+                gc.set_threshold(*_saved_thresholds)
+                gc.unfreeze()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.tick_s):

@@ -62,6 +62,22 @@ def test_taking_over_freezes_what_lives_and_closing_gives_collection_back() -> N
     assert gc.get_freeze_count() == 0
 
 
+def test_two_guards_give_collection_back_when_the_last_one_closes() -> None:
+    """Tests run two collectors in one process, and close them in any order."""
+    before = gc.get_threshold()
+    first, second = GcGuard(), GcGuard()
+    try:
+        first.take_over()
+        second.take_over()
+        first.close()
+        assert gc.get_threshold()[2] > 1_000_000  # the second still guards
+    finally:
+        first.close()
+        second.close()
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
 def test_past_the_limit_cycles_are_reclaimed_then_the_rest_frozen(guard: GcGuard) -> None:
     frozen = gc.get_freeze_count()
     kept = [[i] for i in range(5000)]  # long-lived state: 5,000 tracked lists
