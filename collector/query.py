@@ -15,9 +15,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from trainvitals.analyzer.goodput import stored_goodput
 from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS, float_to_wire
@@ -30,6 +31,12 @@ from .responses import (
     AlertRow,
     EventRow,
     GoodputAnswer,
+    LayerGrid,
+    NodeGrid,
+    NodeSummary,
+    RankGrid,
+    RankSeries,
+    RunHosts,
     RunSummary,
     StepSeries,
 )
@@ -50,6 +57,8 @@ _LAYER_METRICS = tuple(f.name for f in LAYERS.fields if f.name not in ("step", "
 # Layers one request may name: a drill-down follows a few; every layer is the default.
 _MAX_LAYERS_ASKED = 100
 _RANK_METRICS = tuple(f.name for f in RANKS.fields if f.name not in ("step", "rank"))
+# Ranks one request may name: those of a node (8 GPUs; 72 in an NVL72 rack).
+_MAX_RANKS_ASKED = 1024
 
 
 def _columns(table: pa.Table) -> dict[str, list]:
@@ -63,6 +72,14 @@ def _columns(table: pa.Table) -> dict[str, list]:
             values = [float_to_wire(v) for v in values]
         out[field.name] = values
     return out
+
+
+def _served(answer: dict[str, Any]) -> Response:
+    """A grid's answer as built: its response_model documents it in /openapi.json but does
+    not check it. Checking every value of a large grid (307,200 of a 1,024-rank /ranks
+    answer) took about 5x as long as writing them (bench/response_models.py); the bytes
+    are those FastAPI's own writer makes of the answer (orjson, as FastJSONResponse)."""
+    return Response(orjson.dumps(answer), media_type="application/json")
 
 
 class _ResponseCache:
@@ -229,20 +246,23 @@ def _grid(
     store: Store,
     table: str,
     key: str,
-    metric: str,
+    values: dict[str, tuple[str, Agg]],
     run_id: str,
     start: int,
     end: int | None,
     max_steps: int,
-    agg: Agg,
     keys: list[int] | None = None,
 ) -> dict[str, Any]:
+    """Step x `key` grid of `values` (answer column -> (metric, agg)), from one scan: a
+    scan of a wide run's rank rows costs about the same for one aggregate as for ten
+    (10^7 rows: 0.16 s for one, 0.17 s for three, bench/dashboard_scale.py's store)."""
     start, end, bucket = _step_window(store, run_id, start, end, max_steps)
-    cache_key = (table, key, metric, run_id, start, end, bucket, agg, tuple(keys or ()))
+    asked = tuple(values.items())
+    cache_key = (table, key, asked, run_id, start, end, bucket, tuple(keys or ()))
     return _cache.get(
         store,
         cache_key,
-        lambda: _grid_query(store, table, key, metric, run_id, start, end, bucket, agg, keys),
+        lambda: _grid_query(store, table, key, values, run_id, start, end, bucket, keys),
     )
 
 
@@ -250,18 +270,18 @@ def _grid_query(
     store: Store,
     table: str,
     key: str,
-    metric: str,
+    values: dict[str, tuple[str, Agg]],
     run_id: str,
     start: int,
     end: int,
     bucket: int,
-    agg: Agg,
     keys: list[int] | None,
 ) -> dict[str, Any]:
     only = f"AND list_contains(?, {key})" if keys else ""
+    aggregates = ", ".join(f'{_AGG_SQL[a]}({m}) AS "{name}"' for name, (m, a) in values.items())
     result = store.query(
         f"""
-        SELECT ? + (step - ?) // ? * ? AS step, {key}, {_AGG_SQL[agg]}({metric}) AS value
+        SELECT ? + (step - ?) // ? * ? AS step, {key}, {aggregates}
         FROM {table} WHERE run_id = ? AND step BETWEEN ? AND ? {only}
         GROUP BY 1, 2 ORDER BY 1, 2
         """,
@@ -270,7 +290,7 @@ def _grid_query(
     return {"bucket_steps": bucket, **_columns(result)}
 
 
-@router.get("/runs/{run_id}/layers")
+@router.get("/runs/{run_id}/layers", response_model=LayerGrid)
 def layer_series(
     run_id: str,
     store: StoreDep,
@@ -280,7 +300,7 @@ def layer_series(
     max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
     agg: Agg = "max",
     layer: Annotated[list[int] | None, Query(description="only these layer indices")] = None,
-) -> dict[str, Any]:
+) -> Response:
     """Step x layer grid of one per-layer metric, long format (step, layer, value);
     `layer` (repeatable) keeps to those layers, as a drill-down into a few needs."""
     if metric not in _LAYER_METRICS:
@@ -291,11 +311,13 @@ def layer_series(
         )
     _require_run(store, run_id)
     names = store.query("SELECT layer_names_json FROM runs WHERE run_id = ?", [run_id]).to_pylist()
-    grid = _grid(store, "layers", "layer", metric, run_id, start, end, max_steps, agg, layer)
-    return {"layer_names": _layer_names(names[0]["layer_names_json"]) if names else None, **grid}
+    values = {"value": (metric, agg)}
+    grid = _grid(store, "layers", "layer", values, run_id, start, end, max_steps, layer)
+    names_doc = _layer_names(names[0]["layer_names_json"]) if names else None
+    return _served({"layer_names": names_doc, **grid})
 
 
-@router.get("/runs/{run_id}/ranks")
+@router.get("/runs/{run_id}/ranks", response_model=RankSeries)
 def rank_series(
     run_id: str,
     store: StoreDep,
@@ -304,12 +326,49 @@ def rank_series(
     end: End = None,
     max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
     agg: Agg = "max",
-) -> dict[str, Any]:
+) -> Response:
     """Step x rank grid of one per-rank metric, long format (step, rank, value)."""
     if metric not in _RANK_METRICS:
         raise HTTPException(422, f"metric must be one of {list(_RANK_METRICS)}, got {metric!r}")
     _require_run(store, run_id)
-    return _grid(store, "ranks", "rank", metric, run_id, start, end, max_steps, agg)
+    values = {"value": (metric, agg)}
+    return _served(_grid(store, "ranks", "rank", values, run_id, start, end, max_steps))
+
+
+@router.get("/runs/{run_id}/ranks/grid", response_model=RankGrid)
+def rank_grid(
+    run_id: str,
+    store: StoreDep,
+    metric: Annotated[list[str], Query(description=f"repeatable; each one of {_RANK_METRICS}")],
+    agg: Annotated[
+        list[Agg] | None, Query(description="one per metric, or one for all (default max)")
+    ] = None,
+    start: Start = 0,
+    end: End = None,
+    max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
+    rank: Annotated[list[int] | None, Query(description="only these ranks")] = None,
+) -> Response:
+    """Several per-rank metrics on one step x rank grid, from one scan of the rank rows:
+    columns step, rank and one `<agg>_<metric>` per pair (at most one pair each). Each
+    pair's values are those `/ranks` answers for it alone; a view that shows several
+    asks once instead of scanning the rows once per metric. `rank` (repeatable) keeps to
+    those ranks, as the ranks of one node need."""
+    aggs = agg or ["max"]
+    if len(aggs) not in (1, len(metric)):
+        raise HTTPException(422, f"agg: one per metric ({len(metric)}) or one, got {len(aggs)}")
+    unknown = [m for m in metric if m not in _RANK_METRICS]
+    if unknown:
+        raise HTTPException(422, f"metric must be among {list(_RANK_METRICS)}, got {unknown}")
+    pairs = list(zip(metric, aggs * len(metric) if len(aggs) == 1 else aggs, strict=True))
+    values = {f"{a}_{m}": (m, a) for m, a in pairs}
+    if len(values) < len(pairs):
+        raise HTTPException(422, "each (metric, agg) pair at most once")
+    if rank and (len(rank) > _MAX_RANKS_ASKED or min(rank) < 0):
+        raise HTTPException(
+            422, f"rank: at most {_MAX_RANKS_ASKED} indices, none negative, got {rank[:5]}"
+        )
+    _require_run(store, run_id)
+    return _served(_grid(store, "ranks", "rank", values, run_id, start, end, max_steps, rank))
 
 
 # Per node, how its ranks' values make the node's: a node moves as many tokens and draws as
@@ -353,7 +412,7 @@ def _hosts(store: Store, run_id: str) -> list[str] | None:
     return [str(h) for h in names] if names else None
 
 
-@router.get("/runs/{run_id}/nodes")
+@router.get("/runs/{run_id}/nodes", response_model=NodeGrid)
 def node_series(
     run_id: str,
     store: StoreDep,
@@ -362,7 +421,7 @@ def node_series(
     end: End = None,
     max_steps: Annotated[int, Query(ge=1, le=10_000)] = 300,
     agg: Agg = "max",
-) -> dict[str, Any]:
+) -> Response:
     """Step x node grid of one per-rank metric, its ranks grouped by host (long format:
     step, node, value; `hosts` names node i, `ranks_per_node` counts its ranks).
 
@@ -376,73 +435,129 @@ def node_series(
     hosts = _hosts(store, run_id)
     start, end, bucket = _step_window(store, run_id, start, end, max_steps)
     if not hosts:
-        return {"bucket_steps": bucket, "hosts": None, "ranks_per_node": None,
-                "step": [], "node": [], "value": []}  # fmt: skip
-    names = sorted(set(hosts))
-    position = {h: i for i, h in enumerate(names)}
-    node_of = [position[h] for h in hosts]
-    sql = f"""
-        WITH node_of AS (SELECT unnest(?::BIGINT[]) AS node,
-                                generate_subscripts(?::BIGINT[], 1) - 1 AS rank),
-        per_step AS (
-            SELECT step, node, {_node_expr(metric, _tp(store, run_id))} AS v
-            FROM ranks JOIN node_of USING (rank)
-            WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY step, node)
-        SELECT ? + (step - ?) // ? * ? AS step, node, {_AGG_SQL[agg]}(v) AS value
-        FROM per_step GROUP BY 1, 2 ORDER BY 1, 2
-        """
-    params = [node_of, node_of, run_id, start, end, start, start, bucket, bucket]
+        return _served({"bucket_steps": bucket, "hosts": None, "ranks_per_node": None,
+                        "step": [], "node": [], "value": []})  # fmt: skip
+    names, node_of, counts = _nodes_of(hosts)
+    if _NODE_AGG[metric] == "max" and agg == "max":
+        # The max over a bucket's steps of each step's max over the node's ranks is the
+        # max over the bucket's rank rows: no per-step grouping (1.3 10^6 groups for
+        # 10^7 rank rows), a grid like the ranks' (about half the time).
+        sql = f"""
+            SELECT ? + (step - ?) // ? * ? AS step, (?::BIGINT[])[rank + 1] AS node,
+                   max({metric}) AS value
+            FROM ranks WHERE run_id = ? AND step BETWEEN ? AND ? AND rank BETWEEN 0 AND ?
+            GROUP BY 1, 2 ORDER BY 1, 2
+            """
+        params = [start, start, bucket, bucket, node_of, run_id, start, end, len(node_of) - 1]
+    else:
+        sql = f"""
+            WITH {_PER_NODE_STEP.format(values=f"{_node_expr(metric, _tp(store, run_id))} AS v")}
+            SELECT ? + (step - ?) // ? * ? AS step, node, {_AGG_SQL[agg]}(v) AS value
+            FROM per_step GROUP BY 1, 2 ORDER BY 1, 2
+            """
+        node_params = _per_node_step_params(node_of, run_id, start, end)
+        params = [*node_params, start, start, bucket, bucket]
     key = ("nodes", metric, run_id, start, end, bucket, agg)
     result = _cache.get(store, key, lambda: store.query(sql, params))
-    counts = [0] * len(names)
-    for n in node_of:
-        counts[n] += 1
-    return {"bucket_steps": bucket, "hosts": names, "ranks_per_node": counts,
-            **_columns(result)}  # fmt: skip
+    return _served({"bucket_steps": bucket, "hosts": names, "ranks_per_node": counts,
+                    **_columns(result)})  # fmt: skip
 
 
-@router.get("/runs/{run_id}/nodes/summary")
-def node_summary(run_id: str, store: StoreDep, start: Start = 0, end: End = None) -> dict[str, Any]:
-    """Per node (ranks grouped by host) over the window: each _NODE_AGG metric combined
-    over the node's ranks at each step (a sum of throughput and power, the max of times),
-    then averaged over the logged steps. Columns: node, host, ranks, then the metrics; no
-    rows if the run did not send its hosts."""
+@router.get("/runs/{run_id}/nodes/summary", response_model=NodeSummary)
+def node_summary(
+    run_id: str,
+    store: StoreDep,
+    start: Start = 0,
+    end: End = None,
+    metric: Annotated[
+        list[str] | None, Query(description=f"only these (repeatable) of {_NODE_METRICS}")
+    ] = None,
+) -> dict[str, Any]:
+    """Per node (ranks grouped by host) over the window: each _NODE_AGG metric (or each
+    one asked) combined over the node's ranks at each step (a sum of throughput and power,
+    the max of times), then averaged over the logged steps. Columns: node, host, ranks,
+    then the metrics; no rows if the run did not send its hosts. Each metric costs about
+    as much as the rest together: a view asks for those it shows."""
+    metrics = tuple(metric or _NODE_METRICS)
+    unknown = [m for m in metrics if m not in _NODE_METRICS]
+    if unknown:
+        raise HTTPException(422, f"metric must be among {list(_NODE_METRICS)}, got {unknown}")
     _require_run(store, run_id)
     hosts = _hosts(store, run_id)
     start, end, _ = _step_window(store, run_id, start, end, 1)
     if not hosts:
-        return {"node": [], "host": [], "ranks": [], **{m: [] for m in _NODE_METRICS}}
-    names = sorted(set(hosts))
-    position = {h: i for i, h in enumerate(names)}
-    node_of = [position[h] for h in hosts]
-    tp = _tp(store, run_id)
-    per_step = ", ".join(f"{_node_expr(m, tp)} AS {m}" for m in _NODE_METRICS)
-    means = ", ".join(f"avg({m}) AS {m}" for m in _NODE_METRICS)
-    sql = f"""
-        WITH node_of AS (SELECT unnest(?::BIGINT[]) AS node,
-                                generate_subscripts(?::BIGINT[], 1) - 1 AS rank),
-        per_step AS (
-            SELECT step, node, {per_step} FROM ranks JOIN node_of USING (rank)
-            WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY step, node)
-        SELECT node, {means} FROM per_step GROUP BY node ORDER BY node
-        """
-    params = [node_of, node_of, run_id, start, end]
-    result = _cache.get(
-        store, ("node_summary", run_id, start, end), lambda: store.query(sql, params)
+        return {"node": [], "host": [], "ranks": [], **{m: [] for m in metrics}}
+    names, node_of, counts = _nodes_of(hosts)
+    columns = _cache.get(
+        store,
+        ("node_summary", run_id, start, end, metrics),
+        lambda: _node_means(store, run_id, node_of, start, end, metrics),
     )
-    columns = _columns(result)
-    counts = [0] * len(names)
-    for n in node_of:
-        counts[n] += 1
     return {
         "node": columns["node"],
         "host": [names[n] for n in columns["node"]],
         "ranks": [counts[n] for n in columns["node"]],
-        **{m: columns[m] for m in _NODE_METRICS},
+        **{m: columns[m] for m in metrics},
     }
 
 
-@router.get("/runs/{run_id}/hosts")
+def _node_means(
+    store: Store, run_id: str, node_of: list[int], start: int, end: int, metrics: tuple[str, ...]
+) -> dict[str, list]:
+    """Columns node, then each of `metrics`' mean over the window's steps of its per-step
+    node value. A metric no rank reported in the window is null for every node without
+    being aggregated: over 10^7 rank rows each aggregate costs about 0.1 s (2 cores)."""
+    params = _per_node_step_params(node_of, run_id, start, end)
+    counted = ", ".join(f"count({m}) AS {m}" for m in metrics)
+    counts = store.query(
+        f"SELECT {counted} FROM ranks WHERE run_id = ? AND step BETWEEN ? AND ?",
+        [run_id, start, end],
+    ).to_pylist()[0]
+    reported = [m for m in metrics if counts[m]]
+    if not reported:
+        nodes = store.query(
+            f"WITH {_PER_NODE_STEP.format(values='1 AS v')} "
+            "SELECT DISTINCT node FROM per_step ORDER BY node",
+            params,
+        ).column("node")
+        return {"node": nodes.to_pylist(), **{m: [None] * len(nodes) for m in metrics}}
+    tp = _tp(store, run_id)
+    per_step = ", ".join(f"{_node_expr(m, tp)} AS {m}" for m in reported)
+    means = ", ".join(f"avg({m}) AS {m}" for m in reported)
+    sql = f"""
+        WITH {_PER_NODE_STEP.format(values=per_step)}
+        SELECT node, {means} FROM per_step GROUP BY node ORDER BY node
+        """
+    columns = _columns(store.query(sql, params))
+    rows = len(columns["node"])
+    return {m: columns.get(m, [None] * rows) for m in ("node", *metrics)}
+
+
+# Each logged step's value of each node, from its ranks' rows (`values`: SQL over them).
+# A rank's node is looked up by index in a list parameter, not joined with a (rank, node)
+# table (the join took 1.2 to 2 times as long over 10^7 rank rows, 2 loaded cores).
+_PER_NODE_STEP = """per_step AS (
+    SELECT step, (?::BIGINT[])[rank + 1] AS node, {values}
+    FROM ranks WHERE run_id = ? AND step BETWEEN ? AND ? AND rank BETWEEN 0 AND ?
+    GROUP BY step, node)"""
+
+
+def _per_node_step_params(node_of: list[int], run_id: str, start: int, end: int) -> list[Any]:
+    return [node_of, run_id, start, end, len(node_of) - 1]
+
+
+def _nodes_of(hosts: list[str]) -> tuple[list[str], list[int], list[int]]:
+    """(node names sorted, node index of each rank, ranks of each node)."""
+    names = sorted(set(hosts))
+    position = {h: i for i, h in enumerate(names)}
+    node_of = [position[h] for h in hosts]
+    counts = [0] * len(names)
+    for n in node_of:
+        counts[n] += 1
+    return names, node_of, counts
+
+
+@router.get("/runs/{run_id}/hosts", response_model=RunHosts)
 def run_hosts(run_id: str, store: StoreDep) -> dict[str, Any]:
     """Host name of each rank (`hosts[rank]`), null if the run did not send them."""
     _require_run(store, run_id)

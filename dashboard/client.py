@@ -186,6 +186,33 @@ class CollectorClient:
         doc = self._get(f"{API}/runs/{run_id}/ranks", params)
         return Series(bucket_steps=doc["bucket_steps"], frame=_long_frame(doc, "rank"))
 
+    def rank_grid(
+        self,
+        run_id: str,
+        pairs: list[tuple[str, str]],
+        start: int | None = None,
+        end: int | None = None,
+        max_steps: int = 300,
+        ranks: list[int] | None = None,
+    ) -> dict[tuple[str, str], Series]:
+        """Several per-rank (metric, agg) pairs in one request (one scan of the rank rows
+        on the collector): per pair what `ranks` answers for it alone; only `ranks`, if
+        given."""
+        params = _window(start, end) | {
+            "metric": [m for m, _ in pairs],
+            "agg": [a for _, a in pairs],
+            "max_steps": max_steps,
+        }
+        if ranks:
+            params["rank"] = list(ranks)
+        doc = self._get(f"{API}/runs/{run_id}/ranks/grid", params)
+        return {
+            (m, a): Series(
+                doc["bucket_steps"], _long_frame({**doc, "value": doc[f"{a}_{m}"]}, "rank")
+            )
+            for m, a in pairs
+        }
+
     def nodes(
         self,
         run_id: str,
@@ -206,12 +233,18 @@ class CollectorClient:
         return Series(doc["bucket_steps"], frame), hosts, doc.get("ranks_per_node") or []
 
     def node_summary(
-        self, run_id: str, start: int | None = None, end: int | None = None
+        self,
+        run_id: str,
+        start: int | None = None,
+        end: int | None = None,
+        metrics: list[str] | None = None,
     ) -> pd.DataFrame:
         """One row per node (ranks grouped by host) over the window: node, host, ranks and
         the node's mean throughput, step, compute and wait time, power and network rates
-        (collector/query.py: _NODE_AGG). Empty if the run did not send its hosts."""
-        doc = self._get(f"{API}/runs/{run_id}/nodes/summary", _window(start, end))
+        (collector/query.py: _NODE_AGG), or only `metrics`. Empty if the run did not send
+        its hosts."""
+        params = _window(start, end) | ({"metric": metrics} if metrics else {})
+        doc = self._get(f"{API}/runs/{run_id}/nodes/summary", params)
         keys = ("node", "host", "ranks")
         return pd.DataFrame({c: v if c in keys else _floats(v) for c, v in doc.items()})
 

@@ -52,7 +52,8 @@ class NodesData:
 
 
 def load(client: CollectorClient, run: RunSummary, window: Window) -> NodesData:
-    summary = client.node_summary(run.run_id, window.start, window.end)
+    fields = [field for field, _, _ in COLUMNS]  # each one costs a scan's worth: no more
+    summary = client.node_summary(run.run_id, window.start, window.end, fields)
     max_steps = charts.heatmap_steps(max(1, len(summary)))
     grid, hosts, _ = client.nodes(
         run.run_id, "step_time_s", window.start, window.end, max_steps, agg="max"
@@ -106,9 +107,10 @@ def node_ranks(
     rank_hosts = client.hosts(run.run_id) or []
     ranks = [r for r, h in enumerate(rank_hosts) if h == host]
     table = pd.DataFrame({"rank": ranks})
+    pairs = [(metric, "mean") for metric, _, _ in RANK_COLUMNS]
+    means = client.rank_grid(run.run_id, pairs, window.start, window.end, 1, ranks)
     for metric, header, unit in RANK_COLUMNS:
-        grid = client.ranks(run.run_id, metric, window.start, window.end, 1, "mean").frame
-        values = grid.set_index("rank")["value"].reindex(ranks)
+        values = means[(metric, "mean")].frame.set_index("rank")["value"].reindex(ranks)
         if values.notna().any():
             table[header] = [si(v, unit) for v in values]
     st.dataframe(table, hide_index=True)

@@ -94,6 +94,15 @@ def test_nodes_group_ranks_by_host(client) -> None:
     # of all of its ranks.
     assert summary["step_time_s"] == pytest.approx([0.7, 0.6])
     assert summary["tokens_per_s"] == pytest.approx([512.0, 512.0])
+    assert summary["ib_rx_bytes_per_s"] == [None, None]  # reported by no rank
+    asked = client.get(
+        "/api/v1/runs/r1/nodes/summary", params={"metric": ["tokens_per_s", "ib_rx_bytes_per_s"]}
+    ).json()
+    assert asked.keys() == {"node", "host", "ranks", "tokens_per_s", "ib_rx_bytes_per_s"}
+    assert asked["tokens_per_s"] == summary["tokens_per_s"]
+    assert asked["ib_rx_bytes_per_s"] == [None, None]
+    r = client.get("/api/v1/runs/r1/nodes/summary", params={"metric": "loss"})
+    assert r.status_code == 422 and "metric must be among" in r.json()["detail"]
     grid = client.get("/api/v1/runs/r1/nodes", params={"max_steps": 2}).json()
     assert grid["hosts"] == ["node-a", "node-b"] and grid["bucket_steps"] == 2
     assert grid["step"] == [0, 0, 2, 2] and grid["node"] == [0, 1, 0, 1]
@@ -119,6 +128,45 @@ def test_nodes_of_a_run_without_hosts_are_empty_not_an_error(client) -> None:
     _post(client, make_batch(steps=range(2)))
     assert client.get("/api/v1/runs/r1/nodes/summary").json()["host"] == []
     assert client.get("/api/v1/runs/r1/nodes").json()["hosts"] is None
+
+
+def test_a_rank_grid_answers_each_metric_as_it_is_answered_alone(client) -> None:
+    b = make_batch(steps=range(6), world=3)
+    for step in range(6):  # a rank whose power changes from step to step
+        b.append("ranks", step=step, rank=3, step_time_s=1.0 + step, tokens_per_s=256.0,
+                 loss=2.0, power_w=100.0 * step)  # fmt: skip
+    _post(client, b)
+    pairs = [("step_time_s", "max"), ("step_time_s", "mean"), ("power_w", "min")]
+    window = {"start": 1, "max_steps": 2}
+    grid = client.get(
+        "/api/v1/runs/r1/ranks/grid",
+        params={"metric": [m for m, _ in pairs], "agg": [a for _, a in pairs], **window},
+    ).json()
+    for metric, agg in pairs:
+        alone = client.get(
+            "/api/v1/runs/r1/ranks", params={"metric": metric, "agg": agg, **window}
+        ).json()
+        assert (grid["bucket_steps"], grid["step"], grid["rank"]) == (
+            alone["bucket_steps"], alone["step"], alone["rank"]
+        )  # fmt: skip
+        assert grid[f"{agg}_{metric}"] == alone["value"]
+    assert grid["max_step_time_s"] != grid["mean_step_time_s"]  # rank 3 over 3 steps
+    one_agg = client.get(
+        "/api/v1/runs/r1/ranks/grid", params={"metric": ["power_w", "step_time_s"], "agg": "mean"}
+    ).json()
+    assert {"mean_power_w", "mean_step_time_s"} <= one_agg.keys()
+    two = client.get(
+        "/api/v1/runs/r1/ranks/grid", params={"metric": "power_w", "rank": [1, 3], "max_steps": 1}
+    ).json()
+    assert two["rank"] == [1, 3] and two["max_power_w"] == [None, 500.0]
+    for params, message in [
+        ({"metric": ["power_w", "loss; drop table ranks"]}, "metric must be among"),
+        ({"metric": ["power_w", "step_time_s"], "agg": ["max"] * 3}, "one per metric"),
+        ({"metric": ["power_w", "power_w"]}, "at most once"),
+        ({"metric": "power_w", "rank": [-1]}, "none negative"),
+    ]:
+        r = client.get("/api/v1/runs/r1/ranks/grid", params=params)
+        assert r.status_code == 422 and message in r.json()["detail"], params
 
 
 def test_layers_can_be_asked_for_a_few_layers(client) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.dashboard.conftest import CannedCollector
+from trainvitals.schema import RANKS
 
 
 def steps_columns(n: int) -> dict[str, list]:
@@ -38,6 +39,11 @@ def canned_run(
         "/api/v1/runs/r1/steps": (200, {"bucket_steps": 1, "columns": steps_columns(n_steps)}),
         "/api/v1/runs/r1/layers": (200, {"layer_names": None, "layer": [], **empty_grid}),
         "/api/v1/runs/r1/ranks": (200, {"rank": [], **empty_grid}),
+        "/api/v1/runs/r1/ranks/grid": (
+            200,
+            {"rank": [], **empty_grid}
+            | {f"{agg}_{f.name}": [] for f in RANKS.fields for agg in ("max", "mean", "min")},
+        ),
         "/api/v1/runs/r1/alerts": (200, alerts or []),
         "/api/v1/runs/r1/events": (200, []),
         "/api/v1/runs/r1/goodput": (200, {"run_id": "r1", "ratio": 0.5, "wall_s": 10.0}),

@@ -46,7 +46,8 @@ def _handler(canned: CannedCollector) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             parts = urlsplit(self.path)
-            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            # A repeated parameter (metric=a&metric=b) as a list, any other as its value.
+            query = {k: v[0] if len(v) == 1 else v for k, v in parse_qs(parts.query).items()}
             canned.requests.append((parts.path, query))
             answer = canned.routes.get(parts.path, (404, {"detail": "not found"}))
             status, body = answer(query) if callable(answer) else answer

@@ -427,25 +427,22 @@ def test_energy_and_tokens_per_joule_after_a_resume_that_restarted_the_counter(
     assert joules[-1] == pytest.approx(20_000)
 
 
-def rank_answers(values: dict[str, list[float | None]], n_ranks: int = 2):
-    """A ranks route answering each metric with one bucket per rank (the window's mean);
-    a metric not in `values` comes back null."""
+def rank_grid_answers(values: dict[str, list[float | None]], n_ranks: int = 2):
+    """A ranks/grid route answering each (metric, agg) asked with one bucket per rank (the
+    window's mean); a metric not in `values` comes back null."""
 
-    def answer(query: dict[str, str]) -> tuple[int, dict]:
-        value = values.get(query["metric"], [None] * n_ranks)
-        return 200, {
-            "bucket_steps": 1,
-            "step": [0] * n_ranks,
-            "rank": list(range(n_ranks)),
-            "value": value,
-        }
+    def answer(query: dict[str, str | list[str]]) -> tuple[int, dict]:
+        metrics, aggs = query["metric"], query["agg"]
+        pairs = zip(*(([x] if isinstance(x, str) else x) for x in (metrics, aggs)), strict=True)
+        doc = {"bucket_steps": 1, "step": [0] * n_ranks, "rank": list(range(n_ranks))}
+        return 200, doc | {f"{a}_{m}": values.get(m, [None] * n_ranks) for m, a in pairs}
 
     return answer
 
 
 def test_ranks_view_shows_collective_bandwidth_and_traffic(monkeypatch, canned_collector) -> None:
     canned_run(canned_collector, n_steps=3)
-    canned_collector.routes["/api/v1/runs/r1/ranks"] = rank_answers(
+    canned_collector.routes["/api/v1/runs/r1/ranks/grid"] = rank_grid_answers(
         {
             "compute_time_s": [1.0, 1.5],
             "all_gather_bytes": [4e9, 4e9],
@@ -469,7 +466,7 @@ def test_ranks_view_shows_bandwidth_when_every_collective_is_timed_and_hides_idl
     monkeypatch, canned_collector
 ) -> None:
     canned_run(canned_collector, n_steps=3)
-    canned_collector.routes["/api/v1/runs/r1/ranks"] = rank_answers(
+    canned_collector.routes["/api/v1/runs/r1/ranks/grid"] = rank_grid_answers(
         {
             "compute_time_s": [1.0, 1.5],
             "all_gather_bytes": [0.0, 0.0],  # DDP: reported, never used
@@ -502,7 +499,7 @@ def test_count_label() -> None:
     assert count_label(7_000_000_000) == "7.0 B"
 
 
-def test_mfu_from_an_estimated_flops_count_is_labelled_an_estimate(
+def test_mfu_is_labelled_by_where_its_flops_per_token_came_from(
     monkeypatch, canned_collector
 ) -> None:
     source = "estimate: 6 x non-embedding parameters per token (dense transformer rule)"
@@ -518,6 +515,13 @@ def test_mfu_from_an_estimated_flops_count_is_labelled_an_estimate(
     canned_run(canned_collector, n_steps=3, peak_flops_per_s=1e12, flops_source="configured")
     at = run_app(monkeypatch, canned_collector.url)
     assert [m.label for m in at.metric if m.label.startswith("MFU")] == ["MFU"]
+    counted = "counted: torch FlopCounterMode over step 0's forward and backward, 1.4e+04 FLOPs"
+    canned_run(canned_collector, n_steps=3, peak_flops_per_s=1e12, flops_source=counted)
+    canned_collector.routes["/api/v1/runs/r1/steps"][1]["columns"]["mfu_ratio"] = [0.05] * 3
+    at = run_app(monkeypatch, canned_collector.url)
+    assert [m.label for m in at.metric if m.label.startswith("MFU")] == ["MFU (counted)"]
+    assert "Model FLOPs utilization" in titles(at)
+    assert f"FLOPs per token {counted}." in texts(at.caption)
 
 
 def test_the_drill_down_draws_each_layers_update_over_its_parameter_norm(
