@@ -16,11 +16,21 @@ import dataclasses
 import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, ConfigDict, create_model
 from pydantic import Field as Described
 
 from trainvitals.analyzer.goodput import Goodput
-from trainvitals.schema import ALERTS, EVENTS, NONFINITE_TO_WIRE, RUNS, STEPS, Field, Table
+from trainvitals.schema import (
+    ALERTS,
+    EVENTS,
+    LAYERS,
+    NONFINITE_TO_WIRE,
+    RANKS,
+    RUNS,
+    STEPS,
+    Field,
+    Table,
+)
 
 _PYTHON = {"int64": int, "float64": float, "string": str}
 # A NaN or inf value as the query API serves it: the schema's wire form.
@@ -130,3 +140,115 @@ def _goodput_model() -> type[BaseModel]:
 
 
 GoodputAnswer = _goodput_model()
+
+
+# Grids (`/layers`, `/ranks`, `/ranks/grid`, `/nodes`): long format, one entry per
+# (bucket of steps, layer / rank / node) in each list, in step then key order.
+_GRID_KEYS = ("step", "layer", "rank")
+_LAYER_METRICS = tuple(f for f in LAYERS.fields if f.name not in _GRID_KEYS)
+_RANK_METRICS = tuple(f for f in RANKS.fields if f.name not in _GRID_KEYS)
+assert {f.dtype for f in (*_LAYER_METRICS, *_RANK_METRICS)} <= {"int64", "float64"}
+# A metric aggregated over a bucket of steps: a mean is a float, a max or min keeps the
+# field's type (an int64 count stays an int); NaN and inf as NonFinite strings where the
+# metric is declared finite=False; null where no row in the bucket reported it.
+GridValue = int | float | NonFinite | None
+
+
+def _grid_value_doc(metrics: tuple[Field, ...], what: str) -> str:
+    nonfinite = ", ".join(f.name for f in metrics if _nonfinite(f))
+    return (
+        f"{what}, one per row; null where no row of the bucket reported it; NaN and inf "
+        f'of {nonfinite} as the strings "NaN", "Infinity", "-Infinity"'
+    )
+
+
+def _bucket_steps() -> Any:
+    return Described(description="steps each bucket stands for")
+
+
+def _steps_column() -> Any:
+    return Described(description="first step of each row's bucket")
+
+
+class LayerGrid(BaseModel):
+    """`GET /runs/{run_id}/layers`: a step x layer grid of one per-layer metric."""
+
+    layer_names: list[Any] | None = Described(
+        description="name of layer index 0, 1, ... (runs.layer_names_json); null if not sent"
+    )
+    bucket_steps: int = _bucket_steps()
+    step: list[int] = _steps_column()
+    layer: list[int] = Described(description="layer index of each row")
+    value: list[GridValue] = Described(
+        description=_grid_value_doc(_LAYER_METRICS, "the metric's `agg` over the bucket")
+    )
+
+
+class RankSeries(BaseModel):
+    """`GET /runs/{run_id}/ranks`: a step x rank grid of one per-rank metric."""
+
+    bucket_steps: int = _bucket_steps()
+    step: list[int] = _steps_column()
+    rank: list[int] = Described(description="global rank of each row")
+    value: list[GridValue] = Described(
+        description=_grid_value_doc(_RANK_METRICS, "the metric's `agg` over the bucket")
+    )
+
+
+class RankGrid(BaseModel):
+    """`GET /runs/{run_id}/ranks/grid`: several per-rank metrics on one step x rank grid.
+    Besides step and rank, one column `<agg>_<metric>` (e.g. `max_step_time_s`) per
+    (metric, agg) pair asked, in the order asked, each as `/ranks` answers `value`."""
+
+    model_config = ConfigDict(extra="allow")
+    # The `<agg>_<metric>` columns (additionalProperties in the OpenAPI schema).
+    __pydantic_extra__: dict[str, list[GridValue]] = Described(init=False)
+
+    bucket_steps: int = _bucket_steps()
+    step: list[int] = _steps_column()
+    rank: list[int] = Described(description="global rank of each row")
+
+
+# A node's value combines its ranks' (a sum of throughput and power, a max of times, an
+# average of the node's network rates; collector/query.py's _NODE_AGG) over float64 rank
+# fields declared finite: a float, null where none of its ranks reported the metric, and a
+# NonFinite string only where a sum overflows.
+NodeValue = float | NonFinite | None
+
+
+class NodeGrid(BaseModel):
+    """`GET /runs/{run_id}/nodes`: a step x node grid of one per-rank metric, each node's
+    ranks combined at each step, then the steps of a bucket by `agg`. A run that did not
+    send its hosts has `hosts` and `ranks_per_node` null and no rows."""
+
+    bucket_steps: int = _bucket_steps()
+    hosts: list[str] | None = Described(description="host name of node index 0, 1, ...")
+    ranks_per_node: list[int] | None = Described(description="ranks of node index 0, 1, ...")
+    step: list[int] = _steps_column()
+    node: list[int] = Described(description="node index of each row (into `hosts`)")
+    value: list[NodeValue] = Described(
+        description="the node's value, `agg` over the bucket; null where no rank reported it"
+    )
+
+
+class NodeSummary(BaseModel):
+    """`GET /runs/{run_id}/nodes/summary`: one row per node over the window. Besides node,
+    host and ranks, one column per metric asked (all of them by default), in the order
+    asked: the node's value at each logged step, averaged over the steps; null where no
+    rank reported it. No rows if the run did not send its hosts."""
+
+    model_config = ConfigDict(extra="allow")
+    # The metric columns (additionalProperties in the OpenAPI schema).
+    __pydantic_extra__: dict[str, list[NodeValue]] = Described(init=False)
+
+    node: list[int] = Described(description="node index")
+    host: list[str] = Described(description="the node's host name")
+    ranks: list[int] = Described(description="the node's rank count")
+
+
+class RunHosts(BaseModel):
+    """`GET /runs/{run_id}/hosts`: where each rank ran."""
+
+    hosts: list[str] | None = Described(
+        description="host name of rank 0, 1, ... (runs.hosts_json); null if the run sent none"
+    )
