@@ -53,15 +53,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
-    """Poll `predicate` until it returns something truthy; fail the test on time-out."""
-    deadline = time.monotonic() + timeout_s
+# Every limit a test puts on time is a hang guard, never the thing tested: it is sized for
+# 2 cores at load 20 and multiplied by TRAINVITALS_TEST_SLOWDOWN on a slower box (a
+# sanitizer build, an emulated CPU).
+SLOWDOWN = float(os.environ.get("TRAINVITALS_TEST_SLOWDOWN", "1"))
+
+
+def patience_s(seconds: float) -> float:
+    """A hang guard of `seconds` on a loaded 2-core machine, scaled for this one."""
+    return seconds * SLOWDOWN
+
+
+def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.1):
+    """Poll `predicate` until it returns something truthy; fail the test on time-out
+    (`timeout_s`, scaled by patience_s: a guard against a hang, not a speed limit)."""
+    limit_s = patience_s(timeout_s)
+    deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         result = predicate()
         if result:
             return result
         time.sleep(interval_s)
-    pytest.fail(f"condition not met within {timeout_s} s")
+    pytest.fail(f"condition not met within {limit_s} s")
 
 
 def descendants(pid: int) -> list[int]:
@@ -91,17 +104,18 @@ def kill_job(proc: subprocess.Popen, timeout_s: float = 30) -> None:
     for pid in [proc.pid, *descendants(proc.pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout_s)
+    proc.wait(patience_s(timeout_s))
 
 
-def run_trainer(args: list[str], nproc: int, timeout_s: float = 300) -> subprocess.CompletedProcess:
+def run_trainer(args: list[str], nproc: int, timeout_s: float = 600) -> subprocess.CompletedProcess:
     """Run the reference trainer: torchrun for several ranks, a plain process for one."""
     if nproc > 1:
         argv = torchrun_command(nproc, args)
     else:
         argv = [sys.executable, "-m", "trainvitals.trainer.train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    limit_s = patience_s(timeout_s)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit_s, env=env)
     assert proc.returncode == 0, f"trainer failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
 
@@ -122,24 +136,24 @@ class CollectorProcess:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        wait_until(self._healthy, timeout_s=60)
+        wait_until(self._healthy, timeout_s=120)
 
     def _healthy(self) -> bool:
         if self.proc.poll() is not None:
             pytest.fail(f"collector exited: {self.proc.stdout.read()}")
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            return httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(30)
+        self.proc.wait(patience_s(60))
 
     def kill(self) -> None:
         """kill -9: no shutdown hook runs, nothing is flushed."""
         self.proc.kill()
-        self.proc.wait(30)
+        self.proc.wait(patience_s(60))
 
 
 @pytest.fixture
@@ -167,7 +181,7 @@ def trained_run(tmp_path_factory) -> Iterator[dict]:
 
 
 def _stored_steps(url: str, run_id: str) -> int:
-    runs = httpx.get(f"{url}/api/v1/runs", timeout=5).json()
+    runs = httpx.get(f"{url}/api/v1/runs", timeout=60).json()  # a loaded collector
     return next(((r["last_step"] or 0) + 1 for r in runs if r["run_id"] == run_id), 0)
 
 
