@@ -124,7 +124,7 @@ def goodput(
     step = np.asarray(steps["step"], dtype=np.int64)
     t = np.asarray(steps["time_unix_s"], dtype=np.float64)
     step_time = np.asarray(steps.get("step_time_s", [math.nan] * len(step)), dtype=np.float64)
-    if (np.diff(t) < 0).any():  # a stored run's rows come in time order: no sort then
+    if (np.diff(t) < 0).any():  # read in step order, a run's times rise: sorted rarely
         order = np.argsort(t, kind="stable")
         step, t, step_time = step[order], t[order], step_time[order]
     if (np.diff(step) <= 0).any():  # the first copy of a step counts, as in a store
