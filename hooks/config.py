@@ -20,7 +20,7 @@ class MonitorConfig:
     log_every: int = 10
     export_interval_s: float = 1.0  # each exporting rank sends a batch at most this often
     queue_size: int = 1024  # logged steps waiting for export; more are counted and dropped
-    flops_per_token: float | None = None  # None: 6 x non-embedding params (no attention term)
+    flops_per_token: float | None = None  # None: counted over the first step (flops.StepFlops)
     peak_flops_per_s: float | None = None  # None: from the device table or measured on CPU
     peak_precision: str = "bf16"  # which column of the peak table: "bf16" or "fp8"
     token_target: int | None = None  # tokens the run means to train on (for time-to-target)

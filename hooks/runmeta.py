@@ -28,8 +28,9 @@ def run_metadata(monitor: Monitor, model: nn.Module) -> tuple[dict[str, Any], No
         p.numel() for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
     )
     fpt = m.cfg.flops_per_token or 6.0 * (n_params - embed)
-    # Without the model's own count, MFU rests on a dense transformer's rule (hooks/flops.py):
-    # the dashboard labels it an estimate and says from what.
+    # Without the model's own count, MFU rests on a dense transformer's rule (hooks/flops.py)
+    # until the monitor counts the first step (flops.StepFlops), or when it cannot: the
+    # dashboard labels it an estimate and says from what.
     flops_source = "configured" if m.cfg.flops_per_token else FLOPS_ESTIMATE
     peak, source = (
         (0.0, "") if m.rank else peak_flops(m.device, m.cfg.peak_flops_per_s, m.cfg.peak_precision)
