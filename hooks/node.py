@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,7 +169,14 @@ class NodeCounters:
     Reads files: call it from a background thread, never from the training step.
     """
 
-    def __init__(self, proc_root: Path | None = None, ib_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        proc_root: Path | None = None,
+        ib_root: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`clock` stamps the totals (seconds; tests inject one that moves as told)."""
+        self._clock = clock
         proc_root = PROC_ROOT if proc_root is None else proc_root
         ib_root = IB_ROOT if ib_root is None else ib_root
         reasons = []
@@ -187,7 +195,7 @@ class NodeCounters:
         self._last = self.totals()
 
     def totals(self) -> NodeTotals:
-        now = time.monotonic()
+        now = self._clock()
         net = self._net.totals() if self._net else (math.nan, math.nan)
         ib = self._ib.totals() if self._ib else (math.nan, math.nan)
         return NodeTotals(now, *net, *ib)

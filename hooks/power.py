@@ -220,7 +220,7 @@ class PowerSampler:
             self.node_unavailable = "node counters are off (power_interval_s=0)"
         else:
             self._source, self.unavailable = open_source(device, local_rank)
-            self._node, self.node_unavailable = _open_node(local_rank)
+            self._node, self.node_unavailable = _open_node(local_rank, clock)
         self.source = self._source.name if self._source else ""
         self.interval_s = interval_s or 0.0
         self.node_interval_s = node_interval_s
@@ -320,9 +320,9 @@ class PowerSampler:
             self._thread.join(1.0)
 
 
-def _open_node(local_rank: int) -> tuple[NodeCounters | None, str]:
+def _open_node(local_rank: int, clock: Callable[[], float]) -> tuple[NodeCounters | None, str]:
     """The node's network counters, on the first local rank only (one node, counted once)."""
     if local_rank != 0:
         return None, "net, ib: reported by local rank 0 only (one node, counted once)"
-    counters = NodeCounters()
+    counters = NodeCounters(clock=clock)
     return (counters if counters.available else None), counters.unavailable

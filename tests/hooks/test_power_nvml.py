@@ -38,8 +38,11 @@ class FakeNvml(SimpleNamespace):
     NVML_VALUE_TYPE_SIGNED_INT = 5
     NVMLError = RuntimeError
 
-    def __init__(self, nvlink: bool = True, event_reasons: bool = True) -> None:
-        super().__init__(asked_fields=[], nvlink=nvlink)
+    def __init__(
+        self, nvlink: bool = True, event_reasons: bool = True, clock=time.monotonic
+    ) -> None:
+        """`clock`: the time (seconds) the counters grow with; a test gives the sampler's."""
+        super().__init__(asked_fields=[], nvlink=nvlink, clock=clock)
         if event_reasons:  # drivers >= 535; older ones only have the throttle-reasons name
             self.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4 | 0x1
 
@@ -50,7 +53,7 @@ class FakeNvml(SimpleNamespace):
         return uuid
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h) -> int:
-        return int(time.monotonic() * 300_000)  # mJ: 300 W
+        return int(self.clock() * 300_000)  # mJ: 300 W
 
     def nvmlDeviceGetClockInfo(self, h, clock: int) -> int:
         return 1980
@@ -71,7 +74,7 @@ class FakeNvml(SimpleNamespace):
             SimpleNamespace(
                 nvmlReturn=self.NVML_SUCCESS if self.nvlink else NOT_SUPPORTED,
                 valueType=self.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
-                value=SimpleNamespace(ullVal=int(time.monotonic() * kib[field])),
+                value=SimpleNamespace(ullVal=int(self.clock() * kib[field])),
             )
             for field, _scope in fields
         ]
@@ -119,15 +122,28 @@ def test_a_failing_call_costs_its_field_only(fake_gpu) -> None:
     assert math.isnan(state.memory_used_bytes) and state.sm_clock_mhz == 1980.0
 
 
+class Clock:
+    """The test's time (seconds): it moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 def test_sampler_reports_nvlink_rates_and_device_state(fake_gpu) -> None:
-    sampler = power.PowerSampler(fake_gpu(FakeNvml()), local_rank=1, interval_s=0.01)
-    time.sleep(0.3)
+    clock = Clock()  # the sampler's thread sleeps an hour: the test samples (tick)
+    device = fake_gpu(FakeNvml(clock=clock))
+    sampler = power.PowerSampler(device, local_rank=1, interval_s=3600, clock=clock)
+    clock.now_s = 0.25
+    sampler.tick()
     reading = sampler.read()
     sampler.close()
     assert sampler.source == "nvml"
-    assert reading.nvlink_rx_bytes_per_s == pytest.approx(1000 * 1024, rel=0.05)
-    assert reading.nvlink_tx_bytes_per_s == pytest.approx(500 * 1024, rel=0.05)
-    assert reading.power_w == pytest.approx(300, rel=0.1)
+    assert reading.nvlink_rx_bytes_per_s == pytest.approx(1000 * 1024)
+    assert reading.nvlink_tx_bytes_per_s == pytest.approx(500 * 1024)
+    assert reading.power_w == pytest.approx(300)
     assert reading.throttle_reasons == 0x5 and reading.memory_used_bytes == 20 * 2**30
     # Not the first local rank: the node's counters are someone else's to report.
     assert math.isnan(reading.net_rx_bytes_per_s) and math.isnan(reading.ib_tx_bytes_per_s)
@@ -141,30 +157,36 @@ def _net_dev(proc: Path, rx: int, tx: int) -> None:
     )
 
 
-def _node_only_sampler(monkeypatch, tmp_path: Path, node_interval_s: float):
-    """A CPU sampler with no power source and a fake /proc/net/dev at zero bytes."""
+def _node_only_sampler(monkeypatch, tmp_path: Path, node_interval_s: float, clock: Clock):
+    """A CPU sampler with no power source and a fake /proc/net/dev at zero bytes, on the
+    test's clock (its thread sleeps an hour: the test samples, with tick)."""
     monkeypatch.setattr(power, "RAPL_ROOT", tmp_path / "no-rapl")
     monkeypatch.setattr(node, "PROC_ROOT", tmp_path)
     monkeypatch.setattr(node, "IB_ROOT", tmp_path / "no-ib")
     _net_dev(tmp_path, 0, 0)
     return power.PowerSampler(
-        torch.device("cpu"), local_rank=0, interval_s=0.01, node_interval_s=node_interval_s
+        torch.device("cpu"),
+        local_rank=0,
+        interval_s=3600,
+        node_interval_s=node_interval_s,
+        clock=clock,
     )
 
 
 def test_first_local_rank_samples_the_node(monkeypatch, tmp_path: Path) -> None:
-    sampler = _node_only_sampler(monkeypatch, tmp_path, node_interval_s=0.01)
+    clock = Clock()
+    sampler = _node_only_sampler(monkeypatch, tmp_path, node_interval_s=0.01, clock=clock)
     assert sampler.source == "" and sampler.node_unavailable.startswith("ib:")
-    time.sleep(0.05)
+    clock.now_s = 0.25
+    sampler.tick()
     sampler.read()
-    start = time.monotonic()
     _net_dev(tmp_path, 10**6, 2 * 10**6)
-    time.sleep(0.3)
+    clock.now_s = 0.75
+    sampler.tick()
     reading = sampler.read()
-    elapsed_s = time.monotonic() - start
     sampler.close()
-    # The bytes arrived within the window, which lasted about elapsed_s (sampled every 10 ms).
-    assert reading.net_rx_bytes_per_s * elapsed_s == pytest.approx(10**6, rel=0.2)
+    # The bytes arrived between two node samples 0.5 s apart.
+    assert reading.net_rx_bytes_per_s == pytest.approx(10**6 / 0.5)
     assert reading.net_tx_bytes_per_s == pytest.approx(2 * reading.net_rx_bytes_per_s)
     assert math.isnan(reading.ib_rx_bytes_per_s) and math.isnan(reading.power_w)
     assert math.isnan(reading.nvlink_rx_bytes_per_s) and math.isnan(reading.throttle_reasons)
@@ -173,11 +195,15 @@ def test_first_local_rank_samples_the_node(monkeypatch, tmp_path: Path) -> None:
 def test_node_rates_hold_between_node_samples(monkeypatch, tmp_path: Path) -> None:
     """Node counters are read once per node interval; a read in between repeats the last
     rates rather than reporting none."""
-    sampler = _node_only_sampler(monkeypatch, tmp_path, node_interval_s=0.2)
+    clock = Clock()
+    sampler = _node_only_sampler(monkeypatch, tmp_path, node_interval_s=0.2, clock=clock)
     _net_dev(tmp_path, 10**6, 10**6)
-    time.sleep(0.5)  # at least one node sample after the write
+    clock.now_s = 0.5
+    sampler.tick()  # a node sample after the write
     first = sampler.read()
-    second = sampler.read()  # within the same node interval
+    clock.now_s = 0.625
+    sampler.tick()  # within the same node interval: the device only
+    second = sampler.read()
     sampler.close()
-    assert first.net_rx_bytes_per_s > 0
+    assert first.net_rx_bytes_per_s == pytest.approx(10**6 / 0.5)
     assert second.net_rx_bytes_per_s == first.net_rx_bytes_per_s
