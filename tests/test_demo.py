@@ -136,7 +136,7 @@ def test_demo_checks_its_flags_before_starting_anything(
     demo = subprocess.run(
         [sys.executable, "-m", "trainvitals", "demo", "--store", str(store),
          "--collector-port", cport, *(f.format(cport=cport) for f in flags)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert demo.returncode == 2 and demo.stdout == ""
     assert demo.stderr.strip() == message

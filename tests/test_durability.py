@@ -22,7 +22,7 @@ STEPS = 150
 
 def _last_step(url: str) -> int:
     try:
-        runs = httpx.get(f"{url}/api/v1/runs", timeout=2).json()
+        runs = httpx.get(f"{url}/api/v1/runs", timeout=30).json()
     except httpx.HTTPError:
         return -1
     return runs[0]["last_step"] if runs and runs[0]["last_step"] is not None else -1

@@ -16,7 +16,7 @@ from trainvitals.importer import spool_files
 
 def _import(path: Path, collector_url: str) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "trainvitals", "import", str(path), "--collector", collector_url]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
 def test_spool_files_go_rank_by_rank_each_rank_oldest_first(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_replay_skips_the_gaps_between_steps(tmp_path) -> None:
         [sys.executable, "-m", "trainvitals", "replay", str(path)],
         capture_output=True,
         text=True,
-        timeout=60,  # one window per 10,000 steps would be 10**8 windows
+        timeout=600,  # a hang guard: one window per 10,000 steps would be 10**8 windows
     )
     assert r.returncode == 0, r.stderr
     assert "0 alerts" in r.stderr

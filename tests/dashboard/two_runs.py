@@ -50,11 +50,11 @@ def start_two_runs(store) -> CollectorProcess:
     c = CollectorProcess(store)
     for run_id, spike, started in (("baseline", False, 1000.0), ("faulty", True, 5000.0)):
         body = run_batch(run_id, spike, started).to_json()
-        assert httpx.post(f"{c.url}/api/v1/ingest", content=body, timeout=30).status_code == 202
+        assert httpx.post(f"{c.url}/api/v1/ingest", content=body, timeout=60).status_code == 202
 
     def stored() -> bool:
-        alerts = httpx.get(f"{c.url}/api/v1/runs/faulty/alerts", timeout=5)
-        runs = httpx.get(f"{c.url}/api/v1/runs", timeout=5).json()
+        alerts = httpx.get(f"{c.url}/api/v1/runs/faulty/alerts", timeout=60)
+        runs = httpx.get(f"{c.url}/api/v1/runs", timeout=60).json()
         return alerts.status_code == 200 and bool(alerts.json()) and len(runs) == 2
 
     wait_until(stored, timeout_s=60)

@@ -100,20 +100,20 @@ def post(collector_url: str, b: BatchBuilder) -> None:
         f"{collector_url}/api/v1/ingest",
         content=b.to_json(),
         headers={"content-type": "application/json", **AUTH},
-        timeout=10,
+        timeout=60,  # a loaded collector
     )
     assert r.status_code == 202, r.text
 
 
 def stored_last_step(collector_url: str, run_id: str) -> int:
-    runs = httpx.get(f"{collector_url}/api/v1/runs", headers=AUTH, timeout=5).json()
+    runs = httpx.get(f"{collector_url}/api/v1/runs", headers=AUTH, timeout=60).json()
     return next((r["last_step"] for r in runs if r["run_id"] == run_id), -1)
 
 
 def analysis_caught_up(collector_url: str) -> bool:
     """Has the collector's live analyzer seen every committed step? (It runs about 1 s
     behind the writer, on its own thread.)"""
-    text = httpx.get(f"{collector_url}/metrics", headers=AUTH, timeout=5).text
+    text = httpx.get(f"{collector_url}/metrics", headers=AUTH, timeout=60).text
     for line in text.splitlines():
         if line.startswith("trainvitals_collector_analysis_lag_seconds "):
             return float(line.split()[1]) == 0.0
@@ -122,4 +122,4 @@ def analysis_caught_up(collector_url: str) -> bool:
 
 def analyzer_alerts(collector_url: str, run_id: str) -> list[dict]:
     url = f"{collector_url}/api/v1/runs/{run_id}/alerts"
-    return httpx.get(url, headers=AUTH, timeout=5).json()
+    return httpx.get(url, headers=AUTH, timeout=60).json()

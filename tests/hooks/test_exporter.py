@@ -112,7 +112,7 @@ def test_a_batch_the_collector_keeps_failing_on_is_set_aside(tmp_path: Path, col
     assert exporter.dropped_batches == 1 and exporter.spool.pending() == []
     assert [p.name for p in spool.iterdir()] == ["000000000000.failed.json"]
     argv = [sys.executable, "-m", "trainvitals", "import", str(spool), "--collector", collector.url]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     collector.stop()
     assert _stored_steps(collector.store, "poison") == [0, 1, 2]
@@ -145,7 +145,7 @@ def test_import_loads_a_file_once_and_names_a_bad_line(tmp_path: Path, collector
     path.write_bytes(b"\n".join([good[0], orjson.dumps(bad), good[1]]) + b"\n")
     argv = [sys.executable, "-m", "trainvitals", "import", str(path), "--collector", collector.url]
     for _ in range(2):
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         assert r.returncode == 1
         assert "line 2: rejected (422): steps.step: expected int64" in r.stdout
         assert "2 batches stored, 1 rejected" in r.stdout
@@ -156,5 +156,5 @@ def test_import_loads_a_file_once_and_names_a_bad_line(tmp_path: Path, collector
 @pytest.mark.slow
 def test_import_of_a_missing_path() -> None:
     r = subprocess.run([sys.executable, "-m", "trainvitals", "import", "/nonexistent.jsonl"],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 2 and "does not exist" in r.stdout

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from tests.conftest import free_port, kill_job, wait_until
+from tests.conftest import free_port, kill_job, patience_s, wait_until
 from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
 from trainvitals.collector.main import create_app
 from trainvitals.collector.settings import Settings
@@ -44,7 +44,7 @@ class Collector:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        wait_until(lambda: self.server.started, timeout_s=30)
+        wait_until(lambda: self.server.started, timeout_s=120)
         self.app.state.watchdog.watchdog = Watchdog(QUICK)
 
     def query(self, sql: str) -> list[dict]:
@@ -80,10 +80,10 @@ def alerts(c: Collector, kind: str) -> list[dict]:
 def test_a_crashed_rank_is_named_once(collector: Collector) -> None:
     trainer = start_trainer(collector.url, "crash:rank=2,step=15")
     try:
-        assert trainer.wait(120) != 0  # torchrun reports the crash
+        assert trainer.wait(patience_s(600)) != 0  # torchrun reports the crash
     finally:
         kill_job(trainer)
-    (lost,) = wait_until(lambda: alerts(collector, "rank_lost"), timeout_s=40)
+    (lost,) = wait_until(lambda: alerts(collector, "rank_lost"), timeout_s=300)
     assert lost["rank"] == 2 and "rank 2 on " in lost["message"], lost
     # The others went silent after it: still one alert, and no hang on a dead job.
     wait_until(lambda: collector.app.state.watchdog.watchdog.open_runs() == [] or True)
@@ -97,7 +97,7 @@ def test_a_crashed_rank_is_named_once(collector: Collector) -> None:
     settings = [f"--set=liveness.{k}={getattr(QUICK, k)}" for k in QUICK_FIELDS]
     replay = subprocess.run(
         [sys.executable, "-m", "trainvitals", "replay", str(collector.store), "--check", *settings],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=patience_s(600),
     )  # fmt: skip
     assert replay.returncode == 0, replay.stdout + replay.stderr
 
@@ -105,7 +105,7 @@ def test_a_crashed_rank_is_named_once(collector: Collector) -> None:
 def test_a_hung_rank_is_named(collector: Collector) -> None:
     trainer = start_trainer(collector.url, "hang:rank=1,step=40")
     try:
-        (hang,) = wait_until(lambda: alerts(collector, "hang"), timeout_s=90)
+        (hang,) = wait_until(lambda: alerts(collector, "hang"), timeout_s=300)
     finally:
         kill_job(trainer)
     assert hang["rank"] == 1, hang
