@@ -1,13 +1,14 @@
 """Straggler: a rank whose own work is persistently slower than its cohort's.
 
 In a synchronous job every rank's step takes as long as the slowest rank's, so wall time
-names nobody. Each rank's excess at a step does: the log of its compute time over the
-median rank's (the hooks report the training thread's CPU time on CPU ranks, CUDA event
-time on GPU ranks), or, from a producer without compute times, how much later than the
-median rank it arrived at the step's synchronisation point, as a fraction of the step.
+names nobody. Each rank's excess at a step does, by two signals judged apart: the log of
+its compute time over the median rank's (the hooks report the training thread's CPU time
+on CPU ranks, CUDA event time on GPU ranks), and how much later than the median rank it
+arrived at the step's synchronisation point, as a fraction of the step (the only one from
+a producer without compute times).
 
-The bar is the run's own rank-to-rank spread, not a fixed percentage: a robust sigma of
-the excesses (1.4826 x the median over recent steps of the cohort's median absolute
+Per signal, the bar is the run's own rank-to-rank spread, not a fixed percentage: a
+robust sigma of the excesses (1.4826 x the median over recent steps of the cohort's median absolute
 excess, its slowest rank left out) times `spread_multiple`, never under `min_excess`. A
 busy machine widens the spread and raises the bar with it. A rank is slow when its
 excess cleared the bar in at least `persist_fraction` of the logged steps of its window,
@@ -22,7 +23,7 @@ onset in `start_step` and its cost in seconds per step, and ends with one resolv
 once its ranks stayed under half the bar as persistently.
 
 `rank_scores` is the judgement by the excess; the dashboard's "Slowest ranks" table calls
-it too (its bucket means carry no arrival order).
+it too, on bucket means of a per-rank time (no arrival order, no arrival signal).
 """
 
 from __future__ import annotations
