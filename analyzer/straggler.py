@@ -290,7 +290,7 @@ class StragglerDetector:
             True, s, n,
         )  # fmt: skip
         self._arrival = _Signal.empty(
-            "wait_time_s", "{pct:.0f}% of a step later than the median rank at its end",
+            "wait_time_s", "{pct:.0f}% of a step later than the median rank at the step's end",
             False, s, n,
         )  # fmt: skip
         self._waits = np.zeros((s.persist_steps, n))
