@@ -77,8 +77,8 @@ def _columns(table: pa.Table) -> dict[str, list]:
 def _served(answer: dict[str, Any]) -> Response:
     """A grid's answer as built: its response_model documents it in /openapi.json but does
     not check it. Checking every value of a large grid (307,200 of a 1,024-rank /ranks
-    answer) took about 5x as long as writing them (bench/response_models.py); the bytes
-    are those FastAPI's own writer makes of the answer (orjson, as FastJSONResponse)."""
+    answer) took 3-5x as long as writing them (bench/response_models.py); the bytes are
+    those FastAPI writes for the answer unchecked (tests/collector/test_responses.py)."""
     return Response(orjson.dumps(answer), media_type="application/json")
 
 
