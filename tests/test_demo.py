@@ -114,7 +114,7 @@ def test_sigterm_stops_the_demo_and_every_child_as_ctrl_c_does(tmp_path: Path) -
         demo.kill()
     assert demo.returncode == 0 and "stopping" in output, output
     assert not _answers(f"{collector}/healthz")
-    wait_until(lambda: not _running(collector) and not _running(str(store)), timeout_s=30)
+    wait_until(lambda: not _running(collector) and not _running(str(store)), timeout_s=120)
 
 
 @pytest.mark.parametrize(

@@ -129,7 +129,7 @@ def test_analyzer_keeps_the_stored_runs_row_when_it_is_resent_changed(tmp_path) 
         for tp, steps in ((1, range(3)), (2, range(3, 6))):
             doc = _steps("r1", steps).to_dict()
             doc["runs"] = _runs_row(tp)
-            store.submit(*to_arrow(doc)).result(timeout=10)
+            store.submit(*to_arrow(doc)).result(timeout=60)
             store.flush()
         assert store.query("SELECT tp FROM runs").column(0).to_pylist() == [1]
         assert recorder.tp_seen == [1, 1]
