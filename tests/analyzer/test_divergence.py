@@ -249,6 +249,17 @@ def test_a_learning_rate_far_above_its_peak_is_no_restart() -> None:
     [
         (DivergenceSettings, {"min_rise": 0.0}, "divergence.min_rise must be > 0"),
         (DivergenceSettings, {"level_window": 0}, "divergence.level_window must be >= 1"),
+        (DivergenceSettings, {"cusum_threshold": 0.0}, "divergence.cusum_threshold must be > 0"),
+        (
+            DivergenceSettings,
+            {"cusum_grad_allowance": 0.9},
+            "divergence.cusum_grad_allowance must be >= 1",
+        ),
+        (
+            LossSpikeSettings,
+            {"two_step_grad_jump_ratio": 1.0},
+            "loss_spike.two_step_grad_jump_ratio must be > 1",
+        ),
         (DivergenceSettings, {"min_grad_growth": 0.9}, "divergence.min_grad_growth must be > 1"),
         (
             DivergenceSettings,
@@ -270,7 +281,9 @@ def test_bad_settings_name_their_field(settings, field: dict, message: str) -> N
 def test_detectors_take_their_settings() -> None:
     # A stricter rise: the slow climb of the first test (+40%) is not enough for +50%.
     loss, grad = _curve(1200, 0, climb=(600, 300, 0.4))
-    strict = DivergenceDetector(DivergenceSettings(min_rise=0.5, min_rise_with_grad=0.5))
+    strict = DivergenceDetector(
+        DivergenceSettings(min_rise=0.5, min_rise_with_grad=0.5, cusum_allowance=0.5)
+    )
     views = [
         StepView("r", s, float(s), x, g) for s, (x, g) in enumerate(zip(loss, grad, strict=True))
     ]

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from trainvitals.analyzer.detectors import LossSpikeDetector
-from trainvitals.analyzer.divergence import DivergenceDetector
+from trainvitals.analyzer.divergence import DivergenceDetector, DivergenceSettings
 from trainvitals.analyzer.lr_schedule import WarmUp
 from trainvitals.analyzer.views import StepView
 
@@ -134,3 +134,37 @@ def test_warm_up_is_a_learning_rate_at_new_peaks_and_a_grace_after(
 ) -> None:
     w = WarmUp(grace_steps=2)
     assert [w.is_warming(lr) for lr in lrs] == warming
+
+
+def _climb_alerts(seed: int, rise: float, shift: float = 0.0, **settings) -> list[int]:
+    """Steps of loss_diverging alerts on a loss at 3 with 2% noise that, from step 500,
+    climbs by `rise` (a ratio - 1) over 400 steps, linear in log, with a gradient norm
+    growing by the loss's growth squared (5% noise); or moves up by `shift` at once, with a
+    flat gradient norm."""
+    rng = random.Random(seed)
+    detector = DivergenceDetector(DivergenceSettings(**settings))
+    out = []
+    for s in range(1200):
+        climb = math.log1p(rise) * min(1.0, max(0, s - 500) / 400)
+        level = math.log1p(shift) if s >= 500 else 0.0
+        loss = 3.0 * math.exp(climb + level + rng.gauss(0, 0.02))
+        grad = math.exp(2 * climb + rng.gauss(0, 0.05))
+        out += [
+            s for a in detector.observe(StepView("r", s, float(s), loss, grad)) if not a.resolves
+        ]
+    return out
+
+
+def test_a_slow_climb_is_flagged_sooner_by_summing_every_step() -> None:
+    # +30% over 400 steps: +3.3% at onset+50, within the noise of a 10-step median for a
+    # while yet; the CUSUM adds up every step's excess, the loss's and the gradient norm's.
+    for seed in range(6):
+        (summed,) = _climb_alerts(seed, 0.3)
+        (level_only,) = _climb_alerts(seed, 0.3, cusum_threshold=1e9)
+        assert 500 < summed <= 590 and summed + 20 <= level_only, (summed, level_only)
+
+
+def test_a_small_level_shift_with_a_flat_gradient_norm_is_no_climb() -> None:
+    # +4.5%, within the allowance of a data-order shift: it accrues nothing.
+    for seed in range(6):
+        assert _climb_alerts(seed, 0.0, shift=0.045) == [], seed
