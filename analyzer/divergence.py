@@ -104,8 +104,8 @@ class DivergenceSettings:
     cusum_threshold: float = 10.0
     # While the learning rate climbs to new peaks (a warm-up) and for this many logged
     # steps after the last, the loss may rise with it: the rise needs the gradient norm's
-    # growth too (lr_schedule.py). On the tuning seeds of bench/loss_curves.py, 7 of 8
-    # false alerts on warm-restart curves came during the warm-up, 41-102 steps in.
+    # growth too (lr_schedule.py). On the tuning seeds of bench/loss_curves.py, all 8
+    # false alerts on warm-restart curves came during the first warm-up, 41-102 steps in.
     warmup_grace_steps: int = 50
 
     def __post_init__(self) -> None:
