@@ -37,7 +37,8 @@ Scoring: a divergence is found by a `loss_diverging` alert at or after its onset
 within 2 steps of it. An alert is false unless it finds a positive or falls inside a
 divergence (from its onset on: a spike alert during a climb is a knock-on effect). False
 alerts are counted per 10,000 steps of all runs. The headline (last line) is the run
-with grad_norm and lr.
+with grad_norm and lr; it gives the latency from onset of every divergence, and of those
+detectable by the deadline (oracle z >= DETECTABLE_Z, below).
 
 For a divergence found late, its note gives the climb at onset+50 (without noise) and the
 oracle z (oracle_z): how far those 50 steps stand out of the noise for a test that knows
@@ -46,7 +47,8 @@ the onset and the exact shape. Small as it often is, it says what no detector ca
     python bench/loss_curves.py --out bench/results/loss_curves.txt
 
 Two seed sets: TUNING (1000-1009 and 2000-2009; the defaults were chosen looking at these,
-and at seeds 1-6 before) and HELD_OUT (4000-4019, scored once the defaults were fixed).
+and at seeds 1-6 before) and HELD_OUT (4000-4019, scored after the defaults were fixed;
+docs/benchmarks.md says how many times).
 The last line, the headline, is the held-out set with grad_norm and lr. `--set
 SECTION.FIELD=VALUE` tries another setting (on the tuning set: `--only tuning`).
 """
