@@ -25,12 +25,11 @@ def _series(
     return loss, grad
 
 
-def _spikes(loss: list[float], grad: list[float], lr: list[float] | None = None) -> list:
+def _spikes(loss: list[float], grad: list[float]) -> list:
     detector = LossSpikeDetector()
     out = []
     for s, (x, g) in enumerate(zip(loss, grad, strict=True)):
-        view = StepView("r", s, float(s), x, g, lr=math.nan if lr is None else lr[s])
-        out += detector.observe(view)
+        out += detector.observe(StepView("r", s, float(s), x, g))
     return out
 
 
