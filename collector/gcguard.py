@@ -35,9 +35,9 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 # Objects generation 2 may gather before the guard collects and freezes them. A full
-# collection walks about 2-4 million objects a second (a million took 335 ms on an idle
-# 16-core machine, 370-550 ms on a loaded 2-core one): 50,000 cost 15-30 ms, plus what
-# accumulates within a tick (the analysis of new runs adds about 30,000 objects in 0.1 s).
+# collection walks about 2 million objects a second (a million: 370-550 ms on 2 loaded
+# cores): 50,000 cost about 25 ms, plus what accumulates within a tick while the analysis
+# takes on new runs; the guard's collections took 12-61 ms there, at load average 11.
 MAX_OBJECTS = 50_000
 TICK_S = 0.1
 FULL_EVERY_S = 60.0
