@@ -7,7 +7,7 @@ objects a run (its detectors), the liveness watchdog two per rank. After two OTL
 of 3,000 runs each it held a million objects, and each full collection took 100-550 ms.
 CPython (up to 3.13) runs one each time generation 2 has grown by a quarter, so a growing
 collector paid a longer pause at every growth: /healthz took 400-580 ms during the
-adversarial families (bench/adversarial.py), and 10-50 ms with automatic collection off.
+adversarial families (bench/adversarial.py), and 10-51 ms with automatic collection off.
 
 So the guard takes full collections over. Automatic ones are off (generation 2's threshold);
 the young generations are collected as usual. A thread looks every `tick_s` at what
