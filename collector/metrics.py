@@ -7,6 +7,7 @@ device power.
 
 from __future__ import annotations
 
+import gc
 import math
 from typing import Annotated
 
@@ -276,6 +277,12 @@ def _self_metrics(
         "trainvitals_collector_analysis_errors",
         "Windows of steps the live analyzer failed on (see the collector's log).",
         value=analysis.errors if analysis else 0,
+    )
+    yield GaugeMetricFamily(
+        "trainvitals_collector_gc_frozen_objects",
+        "Long-lived objects frozen out of full garbage collections (collector/gcguard.py); "
+        "a reference cycle among them that dies is not reclaimed.",
+        value=gc.get_freeze_count(),
     )
 
 

@@ -107,14 +107,25 @@ def test_below_the_limit_generation_2_is_collected_every_full_every_s(
         guard.close()
 
 
+def _frozen_objects(client: TestClient) -> float:
+    line = next(
+        x
+        for x in client.get("/metrics").text.splitlines()
+        if x.startswith("trainvitals_collector_gc_frozen_objects ")
+    )
+    return float(line.split()[-1])
+
+
 def test_the_collector_runs_the_guard_and_can_leave_it_off(tmp_path) -> None:
     before = gc.get_threshold()
     on = Settings(store_path=str(tmp_path / "on.duckdb"))
     with TestClient(create_app(on)) as client:
         assert client.get("/healthz").status_code == 200
         assert gc.get_threshold()[2] > 1_000_000
+        assert _frozen_objects(client) > 0  # in /metrics
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     off = Settings(store_path=str(tmp_path / "off.duckdb"), gc_max_objects=0)
     with TestClient(create_app(off)) as client:
         assert client.get("/healthz").status_code == 200
         assert gc.get_threshold() == before
+        assert _frozen_objects(client) == 0
