@@ -22,8 +22,8 @@ An episode raises one alert (ranks that turn slow at the same step share it) wit
 onset in `start_step` and its cost in seconds per step, and ends with one resolve row
 once its ranks stayed under half the bar as persistently.
 
-`rank_scores` is the judgement by the excess; the dashboard's "Slowest ranks" table calls
-it too, on bucket means of a per-rank time (no arrival order, no arrival signal).
+`excess`, `arrival_excess`, `rank_scores` and `kept_waiting` are pure functions of a
+window: the dashboard's "Slowest ranks" table calls them too, on bucket means.
 """
 
 from __future__ import annotations
@@ -171,6 +171,27 @@ def step_spread(excess_rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def arrival_excess(wait_time_s: np.ndarray, step_time_s: float | np.ndarray) -> np.ndarray:
+    """How much later than the median rank each rank arrived at the step's synchronisation
+    point, as a fraction of the step: (median wait - its wait) / step time.
+
+    The last to arrive waits least, so a rank that arrived late waited less than the median
+    rank by what the job waited for it. Rows are steps and columns ranks (a 1-D array is one
+    step), `step_time_s` one per row; NaN (not reported) stays out of the median. Close to a
+    log ratio of arrival times, so the same bar rule applies.
+    """
+    if wait_time_s.ndim == 1 and np.isfinite(wait_time_s).all():  # the detector's case
+        return (fast_median(wait_time_s) - wait_time_s) / step_time_s
+    rows = np.atleast_2d(wait_time_s)
+    ok = np.isfinite(rows).any(axis=1)
+    late_s = np.full_like(rows, np.nan, dtype="float64")
+    late_s[ok] = np.nanmedian(rows[ok], axis=1, keepdims=True) - rows[ok]
+    steps_s = np.broadcast_to(np.asarray(step_time_s, dtype="float64"), (len(rows),))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = late_s / np.where(steps_s > 0, steps_s, np.nan)[:, None]
+    return out if wait_time_s.ndim == 2 else out[0]
+
+
 def sigma_of(spreads: np.ndarray) -> float:
     """The run's robust sigma from per-step spreads: 1.4826 x their median (0 when none)."""
     spreads = spreads[np.isfinite(spreads)]
@@ -221,6 +242,44 @@ def rank_scores(
         below = (judged < s.resolve_fraction * bar).sum(axis=0)
     need = s.steps_needed(len(window))
     return RankScores(columns, judged, above, below, (above >= need) & (need > 0), bar)
+
+
+def kept_waiting(
+    waits_s: np.ndarray, columns: np.ndarray, ranks: np.ndarray, tp: int, s: StragglerSettings
+) -> np.ndarray:
+    """Which ranks of `columns`, slow by their compute time, also arrived after every other
+    rank, or after every other of their data-parallel peers (rank % tp alike) where they
+    have two or more, in min(min_last_fraction, 2 / ranks compared) of the steps of
+    `waits_s` (steps x ranks, the global `ranks` in column order). Peers: with tensor
+    parallelism the peer groups leave their gradient reductions at different times, so a
+    straggler is reliably last of its group only. O(steps x ranks), only while some are
+    slow."""
+    if not len(columns):
+        return np.zeros(0, bool)
+    others = waits_s.copy()
+    others[:, columns] = np.inf  # the other slow ranks are not the ones kept waiting
+    ok = _last_share(waits_s[:, columns], others) >= _last_needed(len(ranks), s)
+    if tp > 1:
+        tp_index = ranks % tp
+        for i, column in enumerate(columns):
+            peers = tp_index == tp_index[column]
+            n_peers = int(peers.sum())
+            if not ok[i] and n_peers >= 3:
+                share = _last_share(waits_s[:, [column]], others[:, peers])[0]
+                ok[i] = share >= _last_needed(n_peers, s)
+    return ok
+
+
+def _last_share(waits_s: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Per column of `waits_s`: the share of steps it waited no longer than any of
+    `others` (the last to arrive waits least)."""
+    return (waits_s <= others.min(axis=1, keepdims=True)).mean(axis=0)
+
+
+def _last_needed(n: int, s: StragglerSettings) -> float:
+    """Share of steps a rank must have arrived last in among `n` ranks: twice chance,
+    at most `min_last_fraction`."""
+    return min(s.min_last_fraction, 2 / n)
 
 
 # ---------------------------------------------------------------------------- detector
@@ -337,8 +396,9 @@ class StragglerDetector:
         else:
             self._compute.put(row, spread_row, None, zeros)
         if s.step_time_s > 0:
-            late_s = fast_median(r.wait_time_s) - r.wait_time_s
-            self._arrival.put(row, spread_row, late_s / s.step_time_s, np.maximum(0.0, late_s))
+            x = arrival_excess(r.wait_time_s, s.step_time_s)
+            # Seconds the job waited for it: the excess is a fraction of the step.
+            self._arrival.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))
         else:
             self._arrival.put(row, spread_row, None, zeros)
         self._steps[row], self._waits[row] = s.step, r.wait_time_s
@@ -373,7 +433,8 @@ class StragglerDetector:
             scored[id(signal)] = scores
             new = np.flatnonzero(scores.slow & ~self._in_episode[scores.columns])
             if signal is self._compute:
-                new = new[self._kept_waiting(rows, scores.columns[new], tp)]
+                waits = self._waits[rows]
+                new = new[kept_waiting(waits, scores.columns[new], self._ranks, tp, self.settings)]
             if len(new):
                 return [self._open(s, signal, rows, new, scores)]
         need = self.settings.steps_needed(len(rows))
@@ -391,40 +452,6 @@ class StragglerDetector:
             above_now = np.flatnonzero(window[-1] >= self.settings.bar(sigma))
         columns = np.union1d(above_now, np.flatnonzero(self._in_episode))
         return rank_scores(window, sigma, self.settings, columns)
-
-    def _kept_waiting(self, rows: np.ndarray, columns: np.ndarray, tp: int) -> np.ndarray:
-        """Which of these ranks, slow by their compute time, also arrived after every other
-        rank, or after every other of their data-parallel peers (rank % tp alike) where
-        they have two or more, in min(min_last_fraction, 2 / ranks compared) of the
-        window's steps. Peers: with tensor parallelism the peer groups leave their gradient
-        reductions at different times, so a straggler is reliably last of its group only.
-        O(window x ranks), only while some are slow."""
-        if not len(columns):
-            return np.zeros(0, bool)
-        waits = self._waits[rows]
-        others = waits.copy()
-        others[:, columns] = np.inf  # the other slow ranks are not the ones kept waiting
-        ok = self._last_share(waits[:, columns], others) >= self._last_needed(len(self._ranks))
-        if tp > 1:
-            tp_index = self._ranks % tp
-            for i, column in enumerate(columns):
-                peers = tp_index == tp_index[column]
-                n_peers = int(peers.sum())
-                if not ok[i] and n_peers >= 3:
-                    share = self._last_share(waits[:, [column]], others[:, peers])[0]
-                    ok[i] = share >= self._last_needed(n_peers)
-        return ok
-
-    @staticmethod
-    def _last_share(waits: np.ndarray, others: np.ndarray) -> np.ndarray:
-        """Per column of `waits`: the share of steps it waited no longer than any of
-        `others` (the last to arrive waits least)."""
-        return (waits <= others.min(axis=1, keepdims=True)).mean(axis=0)
-
-    def _last_needed(self, n: int) -> float:
-        """Share of steps a rank must have arrived last in among `n` ranks: twice chance,
-        at most `min_last_fraction`."""
-        return min(self.settings.min_last_fraction, 2 / n)
 
     def _open(
         self, s: StepView, signal: _Signal, rows: np.ndarray, new: np.ndarray, scores: RankScores
