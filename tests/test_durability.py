@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
-import time
 from pathlib import Path
 
 import duckdb
 import httpx
 import pytest
 
-from tests.conftest import CollectorProcess, kill_job, wait_until
+from tests.conftest import CollectorProcess, descendants, kill_job, patience_s, wait_until
 from trainvitals.trainer.launch import torchrun_command
 
 # Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
@@ -28,6 +29,13 @@ def _last_step(url: str) -> int:
     return runs[0]["last_step"] if runs and runs[0]["last_step"] is not None else -1
 
 
+def _signal_job(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    """`sig` to torchrun and every process it started."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 def test_spool_resends_after_kill_9_and_nothing_is_lost_or_doubled(tmp_path: Path) -> None:
     store = tmp_path / "store.duckdb"
     collector = CollectorProcess(store)
@@ -40,9 +48,17 @@ def test_spool_resends_after_kill_9_and_nothing_is_lost_or_doubled(tmp_path: Pat
     try:
         wait_until(lambda: _last_step(collector.url) >= 5, timeout_s=120, interval_s=0.2)
         collector.kill()
-        time.sleep(3)  # the run goes on; its batches spool
-        collector = CollectorProcess(store, port=collector.port)
-        output, _ = trainer.communicate(timeout=300)
+        # The run goes on and its batches spool. It then waits, stopped, while the collector
+        # restarts: on a loaded machine the restart outlasted the rest of the run, whose
+        # last drain found no collector (its batches stayed spooled for the next run).
+        spool = tmp_path / "spool"
+        wait_until(lambda: list(spool.glob("rank*/*.json")), timeout_s=120, interval_s=0.1)
+        _signal_job(trainer, signal.SIGSTOP)
+        try:
+            collector = CollectorProcess(store, port=collector.port)
+        finally:
+            _signal_job(trainer, signal.SIGCONT)
+        output, _ = trainer.communicate(timeout=patience_s(600))
         assert trainer.returncode == 0, output
     finally:
         kill_job(trainer)
