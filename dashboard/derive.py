@@ -7,6 +7,7 @@ and each function says what it counts and what it assumes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,8 +15,11 @@ import pandas as pd
 
 from trainvitals.analyzer.replica import outvoted
 from trainvitals.analyzer.straggler import (
+    RankScores,
     StragglerSettings,
+    arrival_excess,
     excess,
+    kept_waiting,
     rank_scores,
     sigma_of,
     step_spread,
@@ -123,26 +127,63 @@ def progress(run: RunSummary, first_step: int, mean_tokens: float) -> Progress:
     return Progress(tokens_done, wall_s, eta_s)
 
 
-def rank_costs(
-    means: pd.DataFrame, bucket_steps: int, settings: StragglerSettings | None = None
-) -> pd.DataFrame:
-    """Per rank, slowest first as the straggler detector ranks them: `straggler` (the
-    detector's judgement over the window), `slower` (median excess over the median rank,
-    a fraction), `behind_s` (seconds behind the median rank, summed) and `mean_s`.
+COMPUTE, ARRIVAL, BOTH = "compute time", "arrival", "compute time and arrival"
 
-    `means` is a step x rank grid (step, rank, value) of bucket means of a per-rank time.
-    Its buckets are scored by the detector's own function (analyzer.straggler.rank_scores):
-    the bar is the window's rank-to-rank spread, and a straggler clears it in most
-    buckets. A synchronous step ends when its slowest rank does, so a rank's excess over
-    the median rank is time the whole job waits for it: what that rank costs the job were
-    it the only slow one (two ranks slow at the same step do not add up). Each bucket mean
-    stands for the steps `steps_covered` gives it, so the sum is the same whatever the
-    bucket width and the logging interval.
+
+def rank_costs(
+    means: pd.DataFrame,
+    bucket_steps: int,
+    waits: pd.DataFrame | None = None,
+    step_times: pd.DataFrame | None = None,
+    tp: int = 1,
+    settings: StragglerSettings | None = None,
+) -> pd.DataFrame:
+    """Per rank, slowest first as the straggler detector judges them: `straggler` (the
+    detector's judgement over the window), `named_by` (the signal that named it: COMPUTE,
+    ARRIVAL or BOTH, empty for the others), `slower` (median excess of its time over the
+    median rank's, a fraction), `late` (median lateness at the step's end, a fraction of
+    the step), `behind_s` (seconds behind the median rank, summed) and `mean_s`.
+
+    `means`, `waits` and `step_times` are step x rank grids (step, rank, value) of bucket
+    means of a per-rank time, its wait at the step's end and its step time. Each bucket is
+    a step to the detector's own functions (analyzer.straggler): per signal the bar is
+    the window's rank-to-rank spread and a straggler clears it in most buckets; slow by
+    its time, a rank must also have arrived last (least wait) often enough (`tp`: the
+    run's tensor-parallel degree, for its data-parallel peers). Without waits only the
+    time is judged, unconfirmed. Others are ordered by their larger excess over its bar.
+    A synchronous step ends when its slowest rank does, so a rank's time beyond the median
+    rank's is time the whole job waits for it: what that rank costs the job were it the
+    only slow one. Each bucket mean stands for the steps `steps_covered` gives it, so the
+    sum is the same whatever the bucket width and the logging interval.
     """
     settings = settings or StragglerSettings()
     grid = means.pivot_table(index="step", columns="rank", values="value", aggfunc="mean")
+    ranks = grid.columns.to_numpy()
+    gaps = steps_covered(means["step"], bucket_steps)
+    # The detector's window in buckets: persist_steps steps, min_logged_steps at least.
+    step_gap = gaps.median() if len(gaps) else bucket_steps
+    k = max(settings.min_logged_steps, math.ceil(settings.persist_steps / step_gap))
     x = excess(grid.to_numpy(dtype="float64"))
-    scores = rank_scores(x, sigma_of(step_spread(x)), settings)
+    wait_grid = _on_grid(waits, grid)
+
+    def confirmed(rows: slice, columns: np.ndarray) -> np.ndarray:
+        return kept_waiting(wait_grid[rows], columns, ranks, tp, settings)
+
+    slow_time, by_time = _slow_in_a_window(x, k, settings, None if wait_grid is None else confirmed)
+    over_bar = by_time.median() / by_time.bar
+    late = np.full(len(ranks), np.nan)
+    slow_late = np.zeros(len(ranks), bool)
+    if wait_grid is not None:
+        step_grid = _on_grid(step_times, grid)
+        with np.errstate(all="ignore"):
+            step_s = np.nan if step_grid is None else np.nanmedian(step_grid, axis=1)
+        slow_late, by_arrival = _slow_in_a_window(arrival_excess(wait_grid, step_s), k, settings)
+        late = by_arrival.median()
+        over_bar = np.fmax(over_bar, late / by_arrival.bar)
+    straggler = slow_time | slow_late
+    named_by = np.select(
+        [slow_time & slow_late, slow_time, slow_late], [BOTH, COMPUTE, ARRIVAL], ""
+    )
     median = means.groupby("step")["value"].transform("median")
     covered = means["step"].map(steps_covered(means["step"], bucket_steps))
     behind = (means["value"] - median).clip(lower=0) * covered
@@ -154,14 +195,49 @@ def rank_costs(
     )
     out = pd.DataFrame(
         {
-            "rank": grid.columns.to_numpy(),
-            "straggler": scores.slow,
-            "slower": np.expm1(scores.median()),
+            "rank": ranks,
+            "straggler": straggler,
+            "named_by": named_by,
+            "slower": np.expm1(by_time.median()),
+            "late": late,
             "behind_s": totals["behind_s"].to_numpy(),
             "mean_s": totals["mean_s"].to_numpy(),
         }
     )
-    return out.iloc[scores.order()].reset_index(drop=True)
+    order = np.lexsort((-np.nan_to_num(over_bar, nan=-np.inf), ~straggler))
+    return out.iloc[order].reset_index(drop=True)
+
+
+def _slow_in_a_window(
+    x: np.ndarray,
+    k: int,
+    s: StragglerSettings,
+    confirm: Callable[[slice, np.ndarray], np.ndarray] | None = None,
+) -> tuple[np.ndarray, RankScores]:
+    """Per rank of `x` (buckets x ranks of one signal's excess): whether the detector's
+    judgement, `rank_scores` over each run of `k` buckets (its persistence window), found
+    it slow at some point of the window (`confirm(rows, columns)`: which of those columns
+    also kept the others waiting); and the judgement over the whole window (its bar and
+    median excess order the ranks). The bar is the whole window's spread."""
+    sigma = sigma_of(step_spread(x))
+    slow = np.zeros(x.shape[1], bool)
+    k = min(k, len(x))
+    for end in range(k, len(x) + 1):
+        rows = slice(end - k, end)
+        new = np.flatnonzero(rank_scores(x[rows], sigma, s).slow & ~slow)
+        if confirm is not None and len(new):
+            new = new[confirm(rows, new)]
+        slow[new] = True
+    return slow, rank_scores(x, sigma, s)
+
+
+def _on_grid(frame: pd.DataFrame | None, grid: pd.DataFrame) -> np.ndarray | None:
+    """`frame` (step, rank, value) as a steps x ranks array on `grid`'s steps and ranks;
+    None where it holds no value."""
+    if frame is None or not frame["value"].notna().any():
+        return None
+    wide = frame.pivot_table(index="step", columns="rank", values="value", aggfunc="mean")
+    return wide.reindex(index=grid.index, columns=grid.columns).to_numpy(dtype="float64")
 
 
 def steps_covered(bucket_starts: pd.Series, bucket_steps: int) -> pd.Series:

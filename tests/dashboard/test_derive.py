@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -77,6 +78,65 @@ def test_rank_costs_rank_as_the_straggler_detector_names() -> None:
     assert [a.rank for a in alerts] == [3]
     assert costs["rank"][0] == 3 and costs["straggler"].tolist() == [True, False, False, False]
     assert costs["behind_s"].idxmax() != 0  # ranked by the detector's score, not by cost
+
+
+def test_rank_costs_name_a_rank_late_by_its_arrival_alone() -> None:
+    # An idle machine: 8 ranks compute alike (4% noise, inside the compute bar) and reach
+    # the step's end within 1 ms, but rank 6, 15 ms (15% of a 100 ms step) later from
+    # bucket 5: its compute time names nobody, its lateness does.
+    rng = np.random.default_rng(1)
+    compute = 0.1 * np.exp(0.04 * rng.standard_normal((60, 8)))
+    arrival_s = rng.uniform(0.0, 0.001, (60, 8))
+    arrival_s[5:, 6] += 0.015
+    waits = arrival_s.max(axis=1, keepdims=True) - arrival_s
+    step_s = np.full((60, 8), 0.1)
+    cells = [(s, r) for s in range(60) for r in range(8)]
+    frames = [grid([(s, r, v[s, r]) for s, r in cells]) for v in (compute, waits, step_s)]
+    costs = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2], tp=2)
+    assert costs["rank"][0] == 6
+    assert costs["straggler"].tolist() == [True] + [False] * 7
+    assert costs["named_by"][0] == derive.ARRIVAL
+    assert costs["late"][0] == pytest.approx(0.15, abs=0.01)
+    # Its compute time alone does not single it out.
+    assert not derive.rank_costs(frames[0], 1)["straggler"].any()
+
+
+RECORDED = Path(__file__).parents[1] / "analyzer" / "data"
+
+
+@pytest.mark.parametrize(
+    "name, n_ranks, tp",
+    [
+        ("idle16_8rank_straggler.csv", 8, 2),
+        ("idle16_8rank_clean.csv", 8, 2),
+        ("quiet_8rank_straggler.csv", 8, 2),
+        ("loaded_clean_a.csv", 4, 1),
+        ("loaded_clean_b.csv", 4, 1),
+    ],
+)
+def test_rank_costs_name_the_ranks_the_detector_names_on_recorded_runs(
+    name: str, n_ranks: int, tp: int
+) -> None:
+    # Real CPU runs (tests/analyzer/test_straggler.py reads them the same way): each row a
+    # step's compute_time_s then wait_time_s of each rank, then (where recorded) its
+    # step_time_s. Every step a bucket, the whole run the window.
+    table = np.loadtxt(RECORDED / name, delimiter=",")
+    compute, waits = table[:, :n_ranks], table[:, n_ranks : 2 * n_ranks]
+    end = table[:, -1] if table.shape[1] > 2 * n_ranks else (compute + waits).max(axis=1)
+    detector = StragglerDetector()
+    named = set()
+    for step in range(len(table)):
+        ranks = RankView.of(tp=tp, compute_time_s=compute[step].tolist(),
+                            wait_time_s=waits[step].tolist())  # fmt: skip
+        view = StepView("r", step, float(step), 2.0, 1.0, step_time_s=end[step], ranks=ranks)
+        named |= {a.rank for a in detector.observe(view) if a.kind == "straggler"}
+    cells = [(s, r) for s in range(len(table)) for r in range(n_ranks)]
+    step_s = np.repeat(end[:, None], n_ranks, axis=1)
+    frames = [grid([(s, r, v[s, r]) for s, r in cells]) for v in (compute, waits, step_s)]
+    costs = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2], tp=tp)
+    assert set(costs["rank"][costs["straggler"]]) == named
+    if named:
+        assert costs["rank"][0] in named
 
 
 def _step_view(step: int, compute: np.ndarray) -> StepView:
