@@ -213,7 +213,7 @@ def show_view(
             layers.render(layers.load(client, run, window), run, window)
             layers.drill_down(client, run, window)
         case "Ranks":
-            ranks.render(ranks.load(client, run, window), run)
+            ranks.render(ranks.load(client, run, window), run, window)
         case "Nodes":
             nodes.render(nodes.load(client, run, window), run, window, client)
         case "Health":

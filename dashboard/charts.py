@@ -45,6 +45,9 @@ MAX_HEATMAP_STEPS = 300
 # same pixel whatever their labels and legends (layer names are cut to fit).
 ROW_AXIS_PX = 130
 TOP_LEGEND = alt.Legend(orient="top", format=SI_FORMAT)
+# Ticks on a step axis: about this many (at 1, 2 or 5 x 10^k steps apart), as many on a
+# third-of-a-row chart as on a whole-row one.
+STEP_TICKS = 6
 # Beyond this many ranks on an axis, label every k-th one only.
 MAX_RANK_LABELS = 64
 
@@ -54,11 +57,30 @@ def heatmap_steps(n_rows: int) -> int:
     return max(1, min(MAX_HEATMAP_STEPS, MAX_HEATMAP_CELLS // max(1, n_rows)))
 
 
-def step_x(steps: tuple[int, int] | None = None) -> alt.X:
-    """The step axis; with `steps` (first, end) its range is fixed, so charts stacked in
-    one view line up whatever steps each of them holds."""
-    scale = alt.Scale(domain=list(steps), nice=False) if steps else alt.Undefined
-    return alt.X("step:Q", title="step", axis=alt.Axis(format="d"), scale=scale)
+def step_x(steps: tuple[int, int]) -> alt.X:
+    """The step axis of a view: `steps` (first, end), the same for every chart of the view
+    (common.view_steps), so that they line up whatever steps each of them holds, with the
+    same ticks (step_ticks) whatever each chart's width."""
+    first, end = steps
+    if not end > first:
+        raise ValueError(f"steps: the end must be after the first step, got {steps}")
+    axis = alt.Axis(format="d", values=step_ticks(steps))
+    return alt.X(
+        "step:Q", title="step", axis=axis, scale=alt.Scale(domain=[first, end], nice=False)
+    )
+
+
+def step_ticks(steps: tuple[int, int]) -> list[int]:
+    """About STEP_TICKS round steps (1, 2 or 5 x 10^k apart) within `steps` (first, end).
+
+    Vega-Lite picks ticks by the chart's width: a third-of-a-row chart got 50 steps apart
+    where a half-row one got 20, under the same range. Given here, they are one axis.
+    """
+    first, end = steps
+    wanted = max(1.0, (end - first) / STEP_TICKS)
+    magnitude = 10 ** math.floor(math.log10(wanted))
+    interval = next(int(m * magnitude) for m in (1, 2, 5, 10) if m * magnitude >= wanted)
+    return list(range(-(-first // interval) * interval, end + 1, interval))
 
 
 def value_y(col: str, title: str) -> alt.Y:
@@ -74,7 +96,7 @@ def band_line(
     max_col: str,
     title: str,
     y_title: str,
-    steps: tuple[int, int] | None = None,
+    steps: tuple[int, int],
     marks: pd.DataFrame | None = None,
 ) -> alt.LayerChart:
     """The bucket mean as a line, with a band up to the bucket's max (e.g. loss spikes)."""
@@ -97,7 +119,7 @@ def line(
     col: str,
     title: str,
     y_title: str,
-    steps: tuple[int, int] | None = None,
+    steps: tuple[int, int],
     marks: pd.DataFrame | None = None,
 ) -> alt.Chart | alt.LayerChart:
     """One metric over steps."""
@@ -119,12 +141,11 @@ def multi_line(
     series: str,
     title: str,
     y_title: str,
-    x: alt.X | None = None,
+    x: alt.X,
     marks: pd.DataFrame | None = None,
 ) -> alt.Chart | alt.LayerChart:
-    """Several series of `value` over x (default: the step), one colour per `series`
-    (a run of a comparison, a layer of a drill-down)."""
-    x = x or step_x()
+    """Several series of `value` over `x` (the view's step_x, or wall time), one colour
+    per `series` (a run of a comparison, a layer of a drill-down)."""
     chart = (
         alt.Chart(_drawable(frame[[x.shorthand.split(":")[0], series, "value"]]))
         .mark_line()
@@ -219,7 +240,7 @@ def layer_heatmap(
     frame: pd.DataFrame,
     bucket_steps: int,
     value_title: str,
-    steps: tuple[int, int] | None = None,
+    steps: tuple[int, int],
 ) -> alt.Chart | alt.LayerChart:
     """Step x layer heatmap on a log colour scale, layers in model order on the y axis.
 
@@ -246,7 +267,7 @@ def rank_heatmap(
     frame: pd.DataFrame,
     bucket_steps: int,
     value_title: str,
-    steps: tuple[int, int] | None = None,
+    steps: tuple[int, int],
 ) -> alt.Chart | alt.LayerChart:
     """Step x rank heatmap (linear colour scale): a straggler is a bright row."""
     n_ranks = frame["rank"].nunique()
@@ -262,7 +283,7 @@ def node_heatmap(
     frame: pd.DataFrame,
     bucket_steps: int,
     value_title: str,
-    steps: tuple[int, int] | None = None,
+    steps: tuple[int, int],
 ) -> alt.Chart | alt.LayerChart:
     """Step x node heatmap (linear colour scale), a row per host: a slow node is a bright
     row. `frame` has step, node, host, value (client.nodes)."""
@@ -282,7 +303,7 @@ def status_heatmap(
     bucket_steps: int,
     colors: dict[str, str],
     title: str,
-    steps: tuple[int, int] | None = None,
+    steps: tuple[int, int],
 ) -> alt.Chart:
     """Step x rank heatmap of a categorical `status` column, one colour per status."""
     n_ranks = frame["rank"].nunique()
@@ -295,7 +316,7 @@ def status_heatmap(
     scale = alt.Scale(domain=list(colors), range=list(colors.values()))
     return (
         alt.Chart(cells)
-        .mark_rect()
+        .mark_rect(clip=True)  # a bucket that runs past the window's end stops at it
         .encode(
             x=step_x(steps),
             x2="step_end:Q",
@@ -405,7 +426,7 @@ def _heatmap(
     value_title: str,
     *,
     log_scale: bool,
-    steps: tuple[int, int] | None,
+    steps: tuple[int, int],
     n_rows: int,
 ) -> alt.Chart | alt.LayerChart:
     valid = cells["value"].abs() < math.inf  # not NaN, not inf
@@ -423,7 +444,7 @@ def _heatmap(
     # Each cell spans its bucket of steps, up to the next logged one (step_ends).
     chart = (
         alt.Chart(cells[valid])
-        .mark_rect()
+        .mark_rect(clip=True)  # a bucket that runs past the window's end stops at it
         .encode(
             x=x,
             x2="step_end:Q",
@@ -434,7 +455,7 @@ def _heatmap(
     )
     if not valid.all():
         invalid = alt.Chart(cells[~valid])
-        chart += invalid.mark_rect(color=INVALID_CELL_COLOR).encode(
+        chart += invalid.mark_rect(color=INVALID_CELL_COLOR, clip=True).encode(
             x=x, x2="step_end:Q", y=y, tooltip=tooltip
         )
     return chart.properties(height=_heatmap_height(n_rows))

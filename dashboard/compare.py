@@ -52,7 +52,8 @@ def render(client: CollectorClient, run: RunSummary, runs: list[RunSummary]) -> 
     frames = [run_frame(client, by_id[i], weight) for i in chosen]
     overlay = pd.concat(frames, ignore_index=True)
     if axis == "step":
-        x = charts.step_x()
+        # The view's steps: the runs compared, from the first step of any to the last.
+        x = charts.step_x((int(overlay["step"].min()), int(overlay["step"].max()) + 1))
     else:
         x = alt.X("wall_h:Q", title="wall time since the run started (h)")
     columns = st.columns(2)

@@ -9,7 +9,7 @@ import streamlit as st
 
 from trainvitals.dashboard import charts, derive
 from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
-from trainvitals.dashboard.common import no_power_message, rank_count
+from trainvitals.dashboard.common import no_power_message, rank_count, view_steps
 from trainvitals.dashboard.state import Window
 
 SLOWEST_SHOWN = 10
@@ -34,6 +34,8 @@ class RanksData:
     busy: Series  # time_field, bucket max
     busy_means: Series  # time_field, bucket mean: what the ranking of slow ranks sums
     wait: Series  # wait_time_s, bucket max
+    wait_means: Series  # wait_time_s, bucket mean: the straggler detector's arrival signal
+    step_means: Series  # step_time_s, bucket mean: the step the arrival is a fraction of
     device: dict[str, Series]  # DEVICE_METRICS fields, one bucket: the window's mean
     # COLLECTIVES prefix -> its bytes and time per step, one bucket: the window's mean.
     # Only collectives the run reported and that moved bytes.
@@ -47,7 +49,7 @@ class RanksData:
 # 10,000 logged steps, bench/dashboard_scale.py): the heatmaps' grid, and window means.
 GRID_PAIRS = [
     (field, agg) for field in ("compute_time_s", "step_time_s") for agg in ("max", "mean")
-] + [("wait_time_s", "max")]
+] + [("wait_time_s", agg) for agg in ("max", "mean")]
 MEAN_FIELDS = [field for field, _, _ in DEVICE_METRICS] + [
     f"{prefix}_{what}" for prefix in COLLECTIVES for what in ("bytes", "time_s")
 ]
@@ -67,6 +69,8 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
         busy=grid[(time_field, "max")],
         busy_means=grid[(time_field, "mean")],
         wait=grid[("wait_time_s", "max")],
+        wait_means=grid[("wait_time_s", "mean")],
+        step_means=grid[("step_time_s", "mean")],
         device={field: means[(field, "mean")] for field, _, _ in DEVICE_METRICS},
         **load_collectives(lambda field: means[(field, "mean")]),
     )
@@ -89,7 +93,7 @@ def load_collectives(mean: Callable[[str], Series]) -> dict:
     return {"collectives": out, "idle_collectives": tuple(idle)}
 
 
-def render(data: RanksData, run: RunSummary) -> None:
+def render(data: RanksData, run: RunSummary, window: Window) -> None:
     if data.busy.frame.empty:
         st.info("No per-rank statistics for this run in this window.")
         return
@@ -104,8 +108,8 @@ def render(data: RanksData, run: RunSummary) -> None:
         "99th percentile, so one slow start-up step does not wash out the rest."
     )
     busy, wait = data.busy, data.wait
-    # One x range for both heatmaps, so that a column means the same steps in each.
-    steps = (int(busy.frame["step"].min()), int(busy.frame["step"].max()) + busy.bucket_steps)
+    # The view's window on both heatmaps, so that a column means the same steps in each.
+    steps = view_steps(window, run)
     left, right = st.columns(2)
     with left:
         st.subheader(f"{time_name.capitalize()} per rank")
@@ -120,27 +124,40 @@ def render(data: RanksData, run: RunSummary) -> None:
             )
         else:
             st.info("This run did not report the time each rank waits at synchronisation.")
-    slowest_ranks(data.busy_means, time_name)
+    slowest_ranks(data, time_name, run.tp or 1)
     device_charts(data.device, run)
     collective_charts(data.collectives, data.idle_collectives)
 
 
-def slowest_ranks(means: Series, time_name: str) -> None:
+def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
     st.subheader("Slowest ranks")
-    costs = derive.rank_costs(means.frame.dropna(subset=["value"]), means.bucket_steps)
-    st.caption(
-        f"Ranked as the straggler detector ranks them: first the ranks whose {time_name} "
-        "stayed above this window's rank-to-rank spread (the detector's bar) in most of "
-        "its buckets, then by how much slower than the median rank they were. The cost is "
-        "the time each spent beyond the median rank, summed over the window: a synchronous "
-        "step waits for its slowest rank."
+    means = data.busy_means
+    costs = derive.rank_costs(
+        means.frame.dropna(subset=["value"]),
+        means.bucket_steps,
+        waits=data.wait_means.frame,
+        step_times=data.step_means.frame,
+        tp=tp,
     )
+    st.caption(
+        "Judged as the straggler detector judges them, each bucket a step, by two signals: "
+        f"its {time_name} over the median rank's (confirmed by arriving last at the step's "
+        "end) and how much later than the median rank it arrived there, as a share of the "
+        "step. A straggler cleared a signal's bar (this window's rank-to-rank spread) in "
+        "most buckets of the detector's persistence window somewhere in this window; the "
+        "others follow by how far they came to a bar. The cost is the time each spent "
+        "beyond the median rank, summed over the window: a synchronous step waits for its "
+        "slowest rank."
+    )
+    shown = costs.head(SLOWEST_SHOWN)
     st.dataframe(
-        costs.head(SLOWEST_SHOWN).assign(slower=costs["slower"] * 100),
+        shown.assign(slower=shown["slower"] * 100, late=shown["late"] * 100),
         hide_index=True,
         column_config={
             "straggler": st.column_config.CheckboxColumn("straggler"),
-            "slower": st.column_config.NumberColumn("slower than median (%)", format="%.1f"),
+            "named_by": st.column_config.TextColumn("named by"),
+            "slower": st.column_config.NumberColumn(f"{time_name} over median (%)", format="%.1f"),
+            "late": st.column_config.NumberColumn("late at step end (% of step)", format="%.1f"),
             "behind_s": st.column_config.NumberColumn("cost to the job (s)", format="%.3f"),
             "mean_s": st.column_config.NumberColumn(f"mean {time_name} (s)", format="%.4f"),
         },

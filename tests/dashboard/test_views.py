@@ -52,17 +52,21 @@ def test_every_time_series_chart_carries_the_alert_and_event_markers(monkeypatch
 def test_every_time_series_chart_of_a_view_shares_one_step_axis(monkeypatch, two_runs) -> None:
     at = run_app(monkeypatch, two_runs)
     at = at.sidebar.slider[0].set_value((50, 200)).run()
-    for view in ("Overview", "Layers", "Health"):
+    for view in ("Overview", "Layers", "Ranks", "Nodes", "Health"):
         at.session_state[VIEW_KEY] = view
         at = at.run()
-        domains = set()
+        domains, ticks = set(), set()
         for spec in chart_specs(at):
             for layer in all_layers(spec):
                 x = layer.get("encoding", {}).get("x", {})
                 if x.get("field") == "step":
                     domains.add(tuple(x["scale"]["domain"]))
+                    ticks.add(tuple(x["axis"]["values"]))
+        # The Overview's power row (three charts to a row) too: the same steps and ticks
+        # as the two-to-a-row charts above it, whatever their widths.
         assert domains == {(50, 201)}, view
-        if view != "Overview":
+        assert ticks == {(50, 100, 150, 200)}, view
+        if view in ("Layers", "Health"):
             # Stacked heatmaps and the timeline: one row-axis width and legends above, so
             # their plots start and end at the same pixel, not only at the same step.
             for spec in chart_specs(at):
