@@ -158,34 +158,13 @@ def rank_costs(
     """
     settings = settings or StragglerSettings()
     grid = means.pivot_table(index="step", columns="rank", values="value", aggfunc="mean")
-    ranks = grid.columns.to_numpy()
     gaps = steps_covered(means["step"], bucket_steps)
     # The detector's window in buckets: persist_steps steps, min_logged_steps at least.
     step_gap = gaps.median() if len(gaps) else bucket_steps
     k = max(settings.min_logged_steps, math.ceil(settings.persist_steps / step_gap))
-    x = excess(grid.to_numpy(dtype="float64"))
-    wait_grid = _on_grid(waits, grid)
-
-    def confirmed(rows: slice, columns: np.ndarray) -> np.ndarray:
-        return kept_waiting(wait_grid[rows], columns, ranks, tp, settings)
-
-    slow_time, by_time = _slow_in_a_window(x, k, settings, None if wait_grid is None else confirmed)
-    over_bar = by_time.median() / by_time.bar
-    late = np.full(len(ranks), np.nan)
-    slow_late = np.zeros(len(ranks), bool)
-    if wait_grid is not None:
-        step_grid = _on_grid(step_times, grid)
-        with np.errstate(all="ignore"):
-            step_s = np.nan if step_grid is None else np.nanmedian(step_grid, axis=1)
-        slow_late, by_arrival = _slow_in_a_window(arrival_excess(wait_grid, step_s), k, settings)
-        late = by_arrival.median()
-        over_bar = np.fmax(over_bar, late / by_arrival.bar)
-    straggler = slow_time | slow_late
-    named_by = np.select(
-        [slow_time & slow_late, slow_time, slow_late], [BOTH, COMPUTE, ARRIVAL], ""
-    )
+    judged = _judge(grid, _on_grid(waits, grid), _on_grid(step_times, grid), k, tp, settings)
     median = means.groupby("step")["value"].transform("median")
-    covered = means["step"].map(steps_covered(means["step"], bucket_steps))
+    covered = means["step"].map(gaps)
     behind = (means["value"] - median).clip(lower=0) * covered
     totals = (
         means.assign(behind_s=behind)
@@ -193,19 +172,69 @@ def rank_costs(
         .agg(behind_s=("behind_s", "sum"), mean_s=("value", "mean"))
         .reindex(grid.columns)
     )
+    straggler = judged.by_time | judged.by_arrival
+    named_by = np.select(
+        [judged.by_time & judged.by_arrival, judged.by_time, judged.by_arrival],
+        [BOTH, COMPUTE, ARRIVAL],
+        "",
+    )
     out = pd.DataFrame(
         {
-            "rank": ranks,
+            "rank": grid.columns.to_numpy(),
             "straggler": straggler,
             "named_by": named_by,
-            "slower": np.expm1(by_time.median()),
-            "late": late,
+            "slower": np.expm1(judged.time_excess),
+            "late": judged.lateness,
             "behind_s": totals["behind_s"].to_numpy(),
             "mean_s": totals["mean_s"].to_numpy(),
         }
     )
-    order = np.lexsort((-np.nan_to_num(over_bar, nan=-np.inf), ~straggler))
+    order = np.lexsort((-np.nan_to_num(judged.over_bar, nan=-np.inf), ~straggler))
     return out.iloc[order].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """Per rank of a grid, the straggler detector's two signals over the window."""
+
+    by_time: np.ndarray  # bool: named by its time (confirmed by arriving last)
+    by_arrival: np.ndarray  # bool: named by its lateness at the step's end
+    time_excess: np.ndarray  # median log ratio of its time over the median rank's
+    lateness: np.ndarray  # median lateness, a fraction of the step (NaN without waits)
+    over_bar: np.ndarray  # the larger of the two medians, each over its signal's bar
+
+
+def _judge(
+    grid: pd.DataFrame,
+    waits: np.ndarray | None,
+    step_s: np.ndarray | None,
+    k: int,
+    tp: int,
+    s: StragglerSettings,
+) -> _Judged:
+    """Both signals of `grid` (steps x ranks of a per-rank time), with `waits` and
+    `step_s` on the same cells (None where not reported), judged over windows of `k`
+    buckets. Without waits only the time is judged, unconfirmed."""
+    ranks = grid.columns.to_numpy()
+    x = excess(grid.to_numpy(dtype="float64"))
+
+    def confirmed(rows: slice, columns: np.ndarray) -> np.ndarray:
+        assert waits is not None
+        return kept_waiting(waits[rows], columns, ranks, tp, s)
+
+    by_time, time_scores = _slow_in_a_window(x, k, s, None if waits is None else confirmed)
+    over_bar = time_scores.median() / time_scores.bar
+    if waits is None:
+        nothing = np.zeros(len(ranks), bool)
+        return _Judged(
+            by_time, nothing, time_scores.median(), np.full(len(ranks), np.nan), over_bar
+        )
+    with np.errstate(all="ignore"):  # a bucket without step times: NaN, no lateness
+        step_median_s = np.nan if step_s is None else np.nanmedian(step_s, axis=1)
+    by_arrival, late_scores = _slow_in_a_window(arrival_excess(waits, step_median_s), k, s)
+    lateness = late_scores.median()
+    over_bar = np.fmax(over_bar, lateness / late_scores.bar)
+    return _Judged(by_time, by_arrival, time_scores.median(), lateness, over_bar)
 
 
 def _slow_in_a_window(
