@@ -11,7 +11,7 @@ import duckdb
 import httpx
 import pytest
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, patience_s, wait_until
 
 # Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
 pytestmark = pytest.mark.slow
@@ -34,15 +34,15 @@ def test_demo_runs_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> None
     )  # fmt: skip
     collector = f"http://127.0.0.1:{cport}"
     try:
-        wait_until(lambda: _answers(f"http://127.0.0.1:{dport}/_stcore/health"), timeout_s=120)
+        wait_until(lambda: _answers(f"http://127.0.0.1:{dport}/_stcore/health"), timeout_s=300)
 
         def steps_stored() -> int:
             runs = httpx.get(f"{collector}/api/v1/runs", timeout=60).json()  # a loaded machine
             return runs and (runs[0]["last_step"] or 0) >= 3
 
-        wait_until(steps_stored, timeout_s=120, interval_s=0.5)
+        wait_until(steps_stored, timeout_s=300, interval_s=0.5)
         demo.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
-        output, _ = demo.communicate(timeout=90)
+        output, _ = demo.communicate(timeout=patience_s(300))  # a hang guard
     finally:
         demo.kill()
     assert demo.returncode == 0, output
@@ -105,11 +105,11 @@ def test_sigterm_stops_the_demo_and_every_child_as_ctrl_c_does(tmp_path: Path) -
             runs = httpx.get(f"{collector}/api/v1/runs", timeout=60).json()  # a loaded machine
             return bool(runs) and (runs[0]["last_step"] or 0) >= 1
 
-        wait_until(training, timeout_s=120, interval_s=0.5)
+        wait_until(training, timeout_s=300, interval_s=0.5)
         # trainvitals train, torchrun and 4 ranks name the collector's URL
         assert len(_running(collector)) >= 6, _running(collector)
         demo.send_signal(signal.SIGTERM)
-        output, _ = demo.communicate(timeout=90)
+        output, _ = demo.communicate(timeout=patience_s(300))  # a hang guard
     finally:
         demo.kill()
     assert demo.returncode == 0 and "stopping" in output, output
