@@ -42,4 +42,5 @@ curl -s "$url/api/v1/runs" | python3 -c "import json,sys; [print(r) for r in jso
 curl -s "$url/metrics" | grep -E "^trainvitals_(power|energy)" | head -12 | tee "$out/power_metrics.txt"
 kill -TERM $collector; wait $collector
 ls -la "$out"
-echo "== done ($(date +%T))"
+python3 "$repo/bench/power_summary.py" "$out/gpu_runs.duckdb" --phase-steps "$third" \
+    | tee "$out/power_summary.txt"

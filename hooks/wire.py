@@ -117,11 +117,10 @@ class ColumnBatch:
                 if values is None:
                     cols[f.name] = [None] * n
                     continue
-                # values and valid are numpy arrays on the host, not device tensors: their
-                # tolist() is no sync point.
-                listed = [_wire(v) for v in values.tolist()]
+                # values and valid are numpy arrays on the host, not device tensors.
+                listed = [_wire(v) for v in values.tolist()]  # host numpy: no sync point
                 if valid is not None:
-                    oks = valid.tolist()
+                    oks = valid.tolist()  # host numpy: no sync point
                     listed = [v if ok else None for v, ok in zip(listed, oks, strict=True)]
                 cols[f.name] = listed
             doc[table] = cols
