@@ -22,8 +22,9 @@ An episode raises one alert (ranks that turn slow at the same step share it) wit
 onset in `start_step` and its cost in seconds per step, and ends with one resolve row
 once its ranks stayed under half the bar as persistently.
 
-`excess`, `arrival_excess`, `rank_scores` and `kept_waiting` are pure functions of a
-window: the dashboard's "Slowest ranks" table calls them too, on bucket means.
+`excess`, `arrival_excess`, `rank_scores`, `kept_waiting` and `in_bursts` are pure
+functions of a window: the dashboard's "Slowest ranks" table calls them too, on bucket
+means.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from .runinfo import name_rank, name_ranks
 from .views import RankView, StepView
 
 SECTION = "straggler"
+# A clean rank is in a burst at a logged step when it cleared the bar (by either signal)
+# in this many logged steps in a row: a busy neighbour's slowdown, not one noisy step.
+BURST_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,18 @@ class StragglerSettings:
     # An episode ends when its ranks stayed under this fraction of the bar (with the same
     # persistence as the onset): hysteresis, so a straggler near the bar is one episode.
     resolve_fraction: float = 0.5
+    # A restless cohort: where, before the window, ranks outside any episode were in a
+    # burst (over the bar in BURST_STEPS logged steps in a row) in more than this share of
+    # their logged steps, the cohort shares its machine with other work, and there busy
+    # neighbours slow clean ranks by 10-40% for up to about 30 steps at a time. Measured:
+    # 0 on quiet runs (an idle 16-core machine; 4 and 8 ranks alone on 2 cores, before
+    # their straggler); 0.7-5% on 4-rank runs with 8 busy processes on 2 cores, once
+    # their first burst had passed (before it, 0: the first one is judged as on a quiet
+    # machine).
+    restless_share: float = 0.002
+    # There the window is this many training steps (twice the longest busy-neighbour
+    # slowdown measured): a straggler is named about 50 steps after it began, not 20.
+    restless_persist_steps: int = 60
 
     def __post_init__(self) -> None:
         _check(self.persist_steps >= 3, "persist_steps", "must be >= 3", self.persist_steps)
@@ -101,8 +117,17 @@ class StragglerSettings:
         _check(self.spread_multiple > 0, "spread_multiple", "must be > 0", self.spread_multiple)
         _check(0 < self.min_excess < 10, "min_excess", "must be in (0, 10)", self.min_excess)
         _check(
-            self.spread_steps >= self.persist_steps, "spread_steps",
-            f"must be >= persist_steps ({self.persist_steps})", self.spread_steps,
+            self.restless_persist_steps >= self.persist_steps, "restless_persist_steps",
+            f"must be >= persist_steps ({self.persist_steps})", self.restless_persist_steps,
+        )  # fmt: skip
+        _check(
+            0 < self.restless_share <= 1, "restless_share", "must be in (0, 1]",
+            self.restless_share,
+        )  # fmt: skip
+        _check(
+            self.spread_steps >= self.restless_persist_steps, "spread_steps",
+            f"must be >= restless_persist_steps ({self.restless_persist_steps})",
+            self.spread_steps,
         )  # fmt: skip
         _check(
             0 <= self.min_last_fraction <= 1, "min_last_fraction", "must be in [0, 1]",
@@ -116,6 +141,13 @@ class StragglerSettings:
     def bar(self, sigma: float) -> float:
         """The excess a rank must clear, given the run's spread `sigma`."""
         return max(self.min_excess, self.spread_multiple * sigma)
+
+    def window_steps(self, burst_share: float) -> int:
+        """Training steps a slowdown must last, given the share of clean ranks' logged
+        steps spent in bursts before the window: longer in a restless cohort, where busy
+        neighbours slow clean ranks for tens of steps."""
+        restless = burst_share > self.restless_share
+        return self.restless_persist_steps if restless else self.persist_steps
 
     def steps_needed(self, logged: int) -> int:
         """Of a window of `logged` logged steps, how many must clear the bar (or stay under
@@ -190,6 +222,22 @@ def arrival_excess(wait_time_s: np.ndarray, step_time_s: float | np.ndarray) -> 
     with np.errstate(divide="ignore", invalid="ignore"):
         out = late_s / np.where(steps_s > 0, steps_s, np.nan)[:, None]
     return out if wait_time_s.ndim == 2 else out[0]
+
+
+def in_bursts(x: np.ndarray, bar: float) -> np.ndarray:
+    """Per step and rank of `x` (steps x ranks of one signal's excess): whether the rank
+    cleared `bar` at this step and the BURST_STEPS - 1 before it (a busy neighbour's
+    slowdown rather than one noisy step; False for the first steps)."""
+    with np.errstate(invalid="ignore"):
+        above = x >= bar
+    out = np.zeros_like(above)
+    n = len(above)
+    if n >= BURST_STEPS:
+        run = above[BURST_STEPS - 1 :].copy()
+        for back in range(1, BURST_STEPS):
+            run &= above[BURST_STEPS - 1 - back : n - back]
+        out[BURST_STEPS - 1 :] = run
+    return out
 
 
 def sigma_of(spreads: np.ndarray) -> float:
@@ -306,10 +354,14 @@ class _Signal:
             column,
             slower,
             log_ratio,
-            np.full((s.persist_steps, n), np.nan),
-            np.zeros((s.persist_steps, n)),
+            np.full((s.restless_persist_steps, n), np.nan),
+            np.zeros((s.restless_persist_steps, n)),
             np.full(s.spread_steps, np.nan),
         )
+
+    def sigma(self) -> float:
+        """The run's robust sigma of this signal (`sigma_of` its per-step spreads)."""
+        return sigma_of(self.spreads)
 
     def percent(self, x: float) -> float:
         """An excess (or a bar) as a percentage: how much slower, or how much of a step
@@ -340,8 +392,8 @@ class StragglerDetector:
 
     def _reset(self, ranks: np.ndarray) -> None:
         """Two signals (compute time, arrival), the waits and step numbers of their rows,
-        open episodes. `persist_steps` rows hold any window: a window holds more than
-        min_logged_steps logged steps only where it holds every step."""
+        open episodes. `restless_persist_steps` rows hold any window: a window holds more
+        than min_logged_steps logged steps only where it holds every step."""
         s, n = self.settings, len(ranks)
         self._ranks = ranks.copy()
         self._compute = _Signal.empty(
@@ -352,8 +404,13 @@ class StragglerDetector:
             "wait_time_s", "{pct:.0f}% of a step later than the median rank at the step's end",
             False, s, n,
         )  # fmt: skip
-        self._waits = np.zeros((s.persist_steps, n))
-        self._steps = np.zeros(s.persist_steps, np.int64)
+        self._waits = np.zeros((s.restless_persist_steps, n))
+        self._was_in_episode = np.zeros((s.restless_persist_steps, n), bool)
+        self._steps = np.zeros(s.restless_persist_steps, np.int64)
+        # Per logged step that left the longest window: the share of ranks outside any
+        # episode that were in a burst at it (`_burst_share`).
+        self._bursts = np.zeros(s.spread_steps)
+        self._recorded = 0
         self._pushed = 0
         self._first_step = 0  # the cohort's first logged step
         self._episodes: list[_Episode] = []
@@ -367,8 +424,37 @@ class StragglerDetector:
             self._reset(r.rank)  # another cohort (a restart at another size): start over
         if not self._push(r, s):
             return []
-        rows = self._window(s.step)
-        return [] if rows is None else self._judge(s, r.tp, rows)
+        sigmas = (self._compute.sigma(), self._arrival.sigma())
+        burst_share = self._burst_share(sigmas)
+        persist_steps = self.settings.window_steps(burst_share)
+        rows = self._window(s.step, persist_steps)
+        if rows is None:
+            return []
+        restless = burst_share if persist_steps > self.settings.persist_steps else None
+        return self._judge(s, r.tp, rows, sigmas, restless)
+
+    def _burst_share(self, sigmas: tuple[float, float]) -> float:
+        """The share of clean rank-steps spent in bursts, over the logged steps that left
+        the longest window (`restless_persist_steps` back): recorded only then, without the
+        ranks in an episode then or by now, so that a straggler's own steps, before it
+        was named too, never make its cohort look restless. 0 until a step has left the
+        window."""
+        s, ring = self.settings, self.settings.restless_persist_steps
+        # The oldest step of the ring with BURST_STEPS - 1 steps before it still there.
+        oldest = (self._pushed - ring + np.arange(BURST_STEPS)) % ring
+        clean = ~(self._in_episode | self._was_in_episode[oldest].any(axis=0))
+        if self._pushed < ring or not clean.any():
+            return self._restless_share()
+        in_burst = np.zeros(int(clean.sum()), bool)
+        for signal, sigma in zip((self._compute, self._arrival), sigmas, strict=True):
+            in_burst |= in_bursts(signal.excess[oldest][:, clean], s.bar(sigma))[-1]
+        self._bursts[self._recorded % s.spread_steps] = in_burst.mean()
+        self._recorded += 1
+        return self._restless_share()
+
+    def _restless_share(self) -> float:
+        held = self._bursts[: min(self._recorded, self.settings.spread_steps)]
+        return float(held.mean()) if len(held) else 0.0
 
     def _push(self, r: RankView, s: StepView) -> bool:
         """This step's excesses and costs into the rings; False if it has none.
@@ -386,7 +472,7 @@ class StragglerDetector:
             return False
         if self._pushed == 0:
             self._first_step = s.step
-        row = self._pushed % self.settings.persist_steps
+        row = self._pushed % self.settings.restless_persist_steps
         spread_row = self._pushed % self.settings.spread_steps
         zeros = np.zeros(len(compute))
         if timed:
@@ -402,23 +488,31 @@ class StragglerDetector:
         else:
             self._arrival.put(row, spread_row, None, zeros)
         self._steps[row], self._waits[row] = s.step, r.wait_time_s
+        self._was_in_episode[row] = self._in_episode
         self._pushed += 1
         return True
 
-    def _window(self, step: int) -> np.ndarray | None:
+    def _window(self, step: int, persist_steps: int) -> np.ndarray | None:
         """Ring rows of the window judged at `step`, oldest first: the logged steps among
         the last `persist_steps` steps, at least `min_logged_steps` of them. None until
         the cohort was seen for that long: persistence counts training steps, whatever
         the logging interval (a window of 25 logged steps is 100 steps at log_every=4)."""
-        s = self.settings
-        held = min(self._pushed, s.persist_steps)
-        if held < s.min_logged_steps or step - self._first_step + 1 < s.persist_steps:
+        s, ring = self.settings, self.settings.restless_persist_steps
+        held = min(self._pushed, ring)
+        if held < s.min_logged_steps or step - self._first_step + 1 < persist_steps:
             return None
-        rows = (self._pushed - held + np.arange(held)) % s.persist_steps
-        recent = int((self._steps[rows] > step - s.persist_steps).sum())  # a suffix: steps rise
+        rows = (self._pushed - held + np.arange(held)) % ring
+        recent = int((self._steps[rows] > step - persist_steps).sum())  # a suffix: steps rise
         return rows[held - max(recent, s.min_logged_steps) :]
 
-    def _judge(self, s: StepView, tp: int, rows: np.ndarray) -> list[Alert]:
+    def _judge(
+        self,
+        s: StepView,
+        tp: int,
+        rows: np.ndarray,
+        sigmas: tuple[float, float],
+        restless: float | None,
+    ) -> list[Alert]:
         """At most one row per step (the alerts table's key): a new episode first; an
         episode that ended waits for a step without one.
 
@@ -428,15 +522,15 @@ class StragglerDetector:
         waiting; late at the synchronisation point, it did.
         """
         scored = {}
-        for signal in (self._compute, self._arrival):
-            scores = self._scores(signal, rows)
+        for signal, sigma in zip((self._compute, self._arrival), sigmas, strict=True):
+            scores = self._scores(signal, rows, sigma)
             scored[id(signal)] = scores
             new = np.flatnonzero(scores.slow & ~self._in_episode[scores.columns])
             if signal is self._compute:
                 waits = self._waits[rows]
                 new = new[kept_waiting(waits, scores.columns[new], self._ranks, tp, self.settings)]
             if len(new):
-                return [self._open(s, signal, rows, new, scores)]
+                return [self._open(s, signal, rows, new, scores, restless)]
         need = self.settings.steps_needed(len(rows))
         for episode in self._episodes:
             scores = scored[id(episode.signal)]
@@ -445,8 +539,7 @@ class StragglerDetector:
                 return [self._close(s, episode, scores, members[0], len(rows))]
         return []
 
-    def _scores(self, signal: _Signal, rows: np.ndarray) -> RankScores:
-        sigma = sigma_of(signal.spreads)
+    def _scores(self, signal: _Signal, rows: np.ndarray, sigma: float) -> RankScores:
         window = signal.excess[rows]
         with np.errstate(invalid="ignore"):
             above_now = np.flatnonzero(window[-1] >= self.settings.bar(sigma))
@@ -454,9 +547,16 @@ class StragglerDetector:
         return rank_scores(window, sigma, self.settings, columns)
 
     def _open(
-        self, s: StepView, signal: _Signal, rows: np.ndarray, new: np.ndarray, scores: RankScores
+        self,
+        s: StepView,
+        signal: _Signal,
+        rows: np.ndarray,
+        new: np.ndarray,
+        scores: RankScores,
+        restless: float | None,
     ) -> Alert:
-        """A new episode of the ranks at positions `new` of the scores' columns."""
+        """A new episode of the ranks at positions `new` of the scores' columns
+        (`restless`: the cohort's burst share, where it lengthened the window)."""
         new = new[np.argsort(-scores.median(new), kind="stable")]
         worst, members = new[0], scores.columns[new]
         ratio = math.exp(scores.median(new[:1])[0])
@@ -464,6 +564,13 @@ class StragglerDetector:
         start = self._onset(signal, rows, members[0], scores.bar)
         ranks = self._ranks[members].tolist()
         others = f" (also {name_ranks(s.run, ranks[1:])})" if len(ranks) > 1 else ""
+        shared = (
+            ""
+            if restless is None
+            else f" (a restless cohort: clean ranks spent {100 * restless:.1f}% of their "
+            "steps in short bursts over the bar, as on a shared machine, so the window is "
+            f"{self.settings.restless_persist_steps} steps)"
+        )
         alert = Alert.at(
             s,
             kind=self.kind,
@@ -473,7 +580,7 @@ class StragglerDetector:
                 + signal.slower.format(pct=signal.percent(math.log(ratio)))
                 + f" (this run's bar: {signal.percent(scores.bar):.0f}%, from its "
                 f"rank-to-rank spread) in {scores.above[worst]} of the last {len(rows)} "
-                f"logged steps; the job loses about {cost_s * 1e3:.0f} ms per step waiting "
+                f"logged steps{shared}; the job loses about {cost_s * 1e3:.0f} ms per step waiting "
                 "for it. Data: " + data_query(s.run_id, "ranks", signal.column, start, s.step)
             ),
             value=ratio,

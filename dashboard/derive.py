@@ -19,6 +19,7 @@ from trainvitals.analyzer.straggler import (
     StragglerSettings,
     arrival_excess,
     excess,
+    in_bursts,
     kept_waiting,
     rank_scores,
     sigma_of,
@@ -159,10 +160,18 @@ def rank_costs(
     settings = settings or StragglerSettings()
     grid = means.pivot_table(index="step", columns="rank", values="value", aggfunc="mean")
     gaps = steps_covered(means["step"], bucket_steps)
-    # The detector's window in buckets: persist_steps steps, min_logged_steps at least.
+    # The detector's window in buckets: persist_steps steps (restless_persist_steps in a
+    # restless cohort), min_logged_steps at least.
     step_gap = gaps.median() if len(gaps) else bucket_steps
-    k = max(settings.min_logged_steps, math.ceil(settings.persist_steps / step_gap))
-    judged = _judge(grid, _on_grid(waits, grid), _on_grid(step_times, grid), k, tp, settings)
+
+    def judged_over(steps: int) -> _Judged:
+        k = max(settings.min_logged_steps, math.ceil(steps / step_gap))
+        return _judge(grid, _on_grid(waits, grid), _on_grid(step_times, grid), k, tp, settings)
+
+    judged = judged_over(settings.persist_steps)
+    window_steps = settings.window_steps(judged.burst_share)
+    if window_steps > settings.persist_steps:
+        judged = judged_over(window_steps)
     median = means.groupby("step")["value"].transform("median")
     covered = means["step"].map(gaps)
     behind = (means["value"] - median).clip(lower=0) * covered
@@ -202,6 +211,7 @@ class _Judged:
     time_excess: np.ndarray  # median log ratio of its time over the median rank's
     lateness: np.ndarray  # median lateness, a fraction of the step (NaN without waits)
     over_bar: np.ndarray  # the larger of the two medians, each over its signal's bar
+    burst_share: float  # share of the other ranks' buckets in bursts (`in_bursts`)
 
 
 def _judge(
@@ -224,17 +234,28 @@ def _judge(
 
     by_time, time_scores = _slow_in_a_window(x, k, s, None if waits is None else confirmed)
     over_bar = time_scores.median() / time_scores.bar
+    bursts = in_bursts(x, time_scores.bar)
     if waits is None:
         nothing = np.zeros(len(ranks), bool)
-        return _Judged(
-            by_time, nothing, time_scores.median(), np.full(len(ranks), np.nan), over_bar
-        )
+        lateness = np.full(len(ranks), np.nan)
+        share = _burst_share(bursts, by_time)
+        return _Judged(by_time, nothing, time_scores.median(), lateness, over_bar, share)
     with np.errstate(all="ignore"):  # a bucket without step times: NaN, no lateness
         step_median_s = np.nan if step_s is None else np.nanmedian(step_s, axis=1)
-    by_arrival, late_scores = _slow_in_a_window(arrival_excess(waits, step_median_s), k, s)
+    late_x = arrival_excess(waits, step_median_s)
+    by_arrival, late_scores = _slow_in_a_window(late_x, k, s)
     lateness = late_scores.median()
     over_bar = np.fmax(over_bar, lateness / late_scores.bar)
-    return _Judged(by_time, by_arrival, time_scores.median(), lateness, over_bar)
+    bursts |= in_bursts(late_x, late_scores.bar)
+    share = _burst_share(bursts, by_time | by_arrival)
+    return _Judged(by_time, by_arrival, time_scores.median(), lateness, over_bar, share)
+
+
+def _burst_share(bursts: np.ndarray, slow: np.ndarray) -> float:
+    """Share of the buckets of the ranks not judged slow spent in bursts: the window's
+    own measure of a restless cohort (the detector's counts the steps before its window)."""
+    clean = bursts[:, ~slow]
+    return float(clean.mean()) if clean.size else 0.0
 
 
 def _slow_in_a_window(

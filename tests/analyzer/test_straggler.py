@@ -72,6 +72,8 @@ def rows(views, settings: StragglerSettings | None = None) -> list:
         ("min_excess", -0.1),
         ("spread_steps", 5),
         ("resolve_fraction", 1.0),
+        ("restless_share", 0.0),
+        ("restless_persist_steps", 24),
         ("min_last_fraction", 1.5),
     ],
 )
@@ -270,7 +272,25 @@ def _recorded(name: str, ranks: int = 4, tp: int = 1) -> list[StepView]:
     rank, then (where recorded) its step_time_s. loaded_clean_*: clean, 4 ranks (dp=2 x
     tp=2), 1,000 steps with 8 busy processes on its 2 cores. `tp`: the run's
     tensor-parallel degree as the view has it."""
-    table = np.loadtxt(DATA / name, delimiter=",")
+    return _views_of(np.loadtxt(DATA / name, delimiter=","), ranks, tp)
+
+
+def _slowed(table: np.ndarray, rank: int, first: int, end: int, slowdown: float) -> np.ndarray:
+    """A recorded 4-rank table (no step_time_s column) where `rank` computes `slowdown`
+    longer in steps [first, end): it reaches the step's end later by as much, the step
+    ends when the last rank arrives, and every rank waits for it."""
+    out = table.copy()
+    for row in out[first:end]:
+        compute, waits = row[:4], row[4:8]
+        arrival_s = compute.max() + waits.max() - waits  # relative to the step's start
+        extra_s = compute[rank] * slowdown
+        compute[rank] += extra_s
+        arrival_s[rank] += extra_s
+        waits[:] = arrival_s.max() - arrival_s
+    return out
+
+
+def _views_of(table: np.ndarray, ranks: int, tp: int) -> list[StepView]:
     assert table.shape[1] in (2 * ranks, 2 * ranks + 1)
     views = []
     for step, row in enumerate(table):
@@ -294,6 +314,41 @@ def test_no_alert_on_recorded_clean_runs_of_a_loaded_machine() -> None:
     assert rows(_recorded("loaded_clean_b.csv")) == []
     compute_only = StragglerSettings(min_last_fraction=0.0)
     assert [a.rank for a in rows(_recorded("loaded_clean_b.csv"), compute_only)][:1] == [0]
+
+
+def test_a_restless_cohort_asks_for_a_longer_window() -> None:
+    # The recorded loaded run a: its clean ranks' bursts over the bar (a busy neighbour
+    # each) make the cohort restless after its first 100-200 steps. A 30-step slowdown of
+    # rank 1 there, 25% and making everyone wait, is what a busy neighbour does: judged
+    # over 25 steps, as on a quiet machine, it would be named; over the restless
+    # cohort's 60, it is not.
+    table = np.loadtxt(DATA / "loaded_clean_a.csv", delimiter=",")
+    burst = _views_of(_slowed(table, rank=1, first=500, end=530, slowdown=0.25), 4, 1)
+    assert rows(burst) == []
+    never_restless = StragglerSettings(restless_share=1.0)
+    assert [(a.rank, a.severity) for a in rows(burst, never_restless)][:1] == [(1, "warning")]
+    # A sustained 15% straggler in the same restless cohort is still named, about 50 steps
+    # after it began (20 over 25 steps), with the reason in its message.
+    (alert,) = rows(_views_of(_slowed(table, rank=1, first=500, end=1000, slowdown=0.15), 4, 1))
+    assert alert.rank == 1 and 500 <= alert.start_step < 530
+    assert 500 + 48 <= alert.step <= 500 + 60
+    old = rows(_views_of(_slowed(table, rank=1, first=500, end=1000, slowdown=0.15), 4, 1),
+               never_restless)  # fmt: skip
+    assert old[0].step < 500 + 48
+    assert "a restless cohort" in alert.message and "the window is 60 steps" in alert.message
+
+
+def test_a_stragglers_own_steps_never_make_its_cohort_restless() -> None:
+    # A straggler's steps, before it was named and during its episode, are left out of
+    # the bursts: a second straggler after the first one's episode ended is named within
+    # the quiet window.
+    d = StragglerDetector()
+    alerts = [a for v in cohort(700, 8, slow={3: [(100, 300, 0.3)], 6: [(500, 700, 0.2)]})
+              for a in d.observe(v)]  # fmt: skip
+    assert [(a.rank, a.severity) for a in alerts] == [(3, "warning"), (3, "resolved"),
+                                                     (6, "warning")]  # fmt: skip
+    assert alerts[-1].step <= 500 + 25
+    assert d._restless_share() == 0.0
 
 
 def test_a_rank_slow_by_its_compute_time_must_also_keep_the_others_waiting() -> None:

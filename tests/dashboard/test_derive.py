@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.analyzer.test_straggler import _slowed
 from trainvitals.analyzer.straggler import StragglerDetector
 from trainvitals.analyzer.views import RankView, StepView
 from trainvitals.dashboard import derive
@@ -105,22 +106,28 @@ RECORDED = Path(__file__).parents[1] / "analyzer" / "data"
 
 
 @pytest.mark.parametrize(
-    "name, n_ranks, tp",
+    "name, n_ranks, tp, slowed",
     [
-        ("idle16_8rank_straggler.csv", 8, 2),
-        ("idle16_8rank_clean.csv", 8, 2),
-        ("quiet_8rank_straggler.csv", 8, 2),
-        ("loaded_clean_a.csv", 4, 1),
-        ("loaded_clean_b.csv", 4, 1),
+        ("idle16_8rank_straggler.csv", 8, 2, None),
+        ("idle16_8rank_clean.csv", 8, 2, None),
+        ("quiet_8rank_straggler.csv", 8, 2, None),
+        ("loaded_clean_a.csv", 4, 1, None),
+        ("loaded_clean_b.csv", 4, 1, None),
+        # A restless cohort: a 30-step burst of rank 1 is no straggler, 15% from step 500 is.
+        ("loaded_clean_a.csv", 4, 1, (1, 500, 530, 0.25)),
+        ("loaded_clean_a.csv", 4, 1, (1, 500, 1000, 0.15)),
     ],
 )
 def test_rank_costs_name_the_ranks_the_detector_names_on_recorded_runs(
-    name: str, n_ranks: int, tp: int
+    name: str, n_ranks: int, tp: int, slowed: tuple[int, int, int, float] | None
 ) -> None:
     # Real CPU runs (tests/analyzer/test_straggler.py reads them the same way): each row a
     # step's compute_time_s then wait_time_s of each rank, then (where recorded) its
-    # step_time_s. Every step a bucket, the whole run the window.
+    # step_time_s. Every step a bucket, the whole run the window. `slowed`: (rank, first
+    # step, end step, slowdown) spliced in as test_straggler's `_slowed` does.
     table = np.loadtxt(RECORDED / name, delimiter=",")
+    if slowed is not None:
+        table = _slowed(table, *slowed)
     compute, waits = table[:, :n_ranks], table[:, n_ranks : 2 * n_ranks]
     end = table[:, -1] if table.shape[1] > 2 * n_ranks else (compute + waits).max(axis=1)
     detector = StragglerDetector()
@@ -135,6 +142,8 @@ def test_rank_costs_name_the_ranks_the_detector_names_on_recorded_runs(
     frames = [grid([(s, r, v[s, r]) for s, r in cells]) for v in (compute, waits, step_s)]
     costs = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2], tp=tp)
     assert set(costs["rank"][costs["straggler"]]) == named
+    if slowed is not None:
+        assert named == ({1} if slowed[2] - slowed[1] > 60 else set())
     if named:
         assert costs["rank"][0] in named
 
