@@ -15,8 +15,13 @@ accumulation only the first micro-batch's wait counts.
   straggler does not look slow.
 - CUDA: GPU time from the first forward to the end of the optimizer step, from CUDA events
   on the current stream. An event is read only once the device has passed it
-  (`Event.query()` does not block), so the value a logged step reports is that of the most
-  recent step the device had finished, usually the previous one.
+  (`Event.query()` does not block), so a logged step reports steps the device had
+  finished, usually up to the previous one.
+
+A logged step reports the mean of both over the steps since the previous logged step (on
+CUDA, over the steps the device finished since then, at most the last 8): at log_every=10
+one step's noise would otherwise stand for ten, and the straggler detector's evidence
+would be as noisy as a single step's.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,16 +46,26 @@ def recorded_event() -> torch.cuda.Event:
 
 
 class StepTimer:
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        wall_clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
         self.cuda = device.type == "cuda"
+        self._wall, self._cpu = wall_clock, cpu_clock  # injectable, for tests
         self._owned = OptimizerParams(list(model.parameters()))
-        self._boundary_s = time.perf_counter()
-        self._cpu_s = time.thread_time()
+        self._boundary_s = self._wall()
+        self._cpu_s = self._cpu()
         self._forward_seen = False
         self._data_time_s = math.nan
-        self._last = (math.nan, math.nan)  # step() at the last end_step (meter protocol)
+        # Sums and counts since the last logged step (meter protocol): data, CPU compute.
+        self._sums = [0.0, 0.0]
+        self._counts = [0, 0]
         self._span: list[torch.cuda.Event] = []  # [start] or [start, end] of the running step
         self._done: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=8)
+        self._last_gpu_s = math.nan  # the last finished step's, for a report with none new
         self._handles = [
             model.register_forward_pre_hook(self._forward_start),
             register_optimizer_step_post_hook(self._optimizer_end),
@@ -59,14 +75,14 @@ class StepTimer:
         """Count the coming step's data time from now (the end of `attach`: the node
         discovery and group creation after this timer was made are no data time); returns
         the time, for the step time to start from the same instant."""
-        self._boundary_s = time.perf_counter()
+        self._boundary_s = self._wall()
         return self._boundary_s
 
     def _forward_start(self, _module: nn.Module, _args: Any) -> None:
         if self._forward_seen:
             return
         self._forward_seen = True
-        self._data_time_s = time.perf_counter() - self._boundary_s
+        self._data_time_s = self._wall() - self._boundary_s
         if self.cuda:
             if len(self._span) == 2:
                 self._done.append((self._span[0], self._span[1]))
@@ -75,38 +91,56 @@ class StepTimer:
     def _optimizer_end(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if not self._owned.positions(optimizer):
             return  # the hook is global: another model's optimizer
-        self._boundary_s = time.perf_counter()
+        self._boundary_s = self._wall()
         if self.cuda and self._span:
             self._span[1:] = [recorded_event()]
 
-    def step(self) -> tuple[float, float]:
-        """At the monitor's step boundary: (data_time_s, compute_time_s) of this rank."""
-        cpu_s = time.thread_time()
-        compute_s = cpu_s - self._cpu_s if not self.cuda else self._finished_gpu_time_s()
+    def step(self) -> None:
+        """At the monitor's step boundary: add this step's data time and (on CPU) compute
+        time to the sums of the steps since the last logged one."""
+        cpu_s = self._cpu()
+        self._add(0, self._data_time_s)
+        if not self.cuda:
+            self._add(1, cpu_s - self._cpu_s)
         self._cpu_s = cpu_s
-        data_s, self._data_time_s = self._data_time_s, math.nan
+        self._data_time_s = math.nan
         self._forward_seen = False
-        self._boundary_s = time.perf_counter()  # the optimizer's end moves it later, if one runs
+        self._boundary_s = self._wall()  # the optimizer's end moves it later, if one runs
         if self.cuda and self._span:
             self._span[1:] = [recorded_event()]
-        return data_s, compute_s
+
+    def _add(self, which: int, seconds: float) -> None:
+        if math.isfinite(seconds):  # NaN: a step without a forward
+            self._sums[which] += seconds
+            self._counts[which] += 1
 
     def start_step(self, logged: bool) -> None:
         pass
 
     def end_step(self, loss: torch.Tensor) -> None:
-        """The meter protocol: step() at every boundary, kept for a logged step's collect."""
-        self._last = self.step()
+        """The meter protocol: step() at every boundary."""
+        self.step()
 
     def collect(self, step: int, steps: int) -> dict[str, Any]:
-        data_time_s, compute_time_s = self._last
-        return {"data_time_s": data_time_s, "compute_time_s": compute_time_s}
+        """Means over the steps since the last logged step; the sums start over."""
+        data_s, compute_s = (
+            total / n if n else math.nan for total, n in zip(self._sums, self._counts, strict=True)
+        )
+        self._sums, self._counts = [0.0, 0.0], [0, 0]
+        if self.cuda:
+            compute_s = self._finished_gpu_time_s()
+        return {"data_time_s": data_s, "compute_time_s": compute_s}
 
     def _finished_gpu_time_s(self) -> float:
-        for start, end in reversed(self._done):
-            if end.query():  # non-blocking: has the device passed this event yet?
-                return start.elapsed_time(end) / 1e3  # ms -> s
-        return math.nan
+        """Mean GPU time of the steps the device finished since the last report (the same
+        stream finishes them in order); with none, the last finished step's again."""
+        total_ms, n = 0.0, 0
+        while self._done and self._done[0][1].query():  # non-blocking: passed it yet?
+            start, end = self._done.popleft()
+            total_ms, n = total_ms + start.elapsed_time(end), n + 1
+        if n:
+            self._last_gpu_s = total_ms / n / 1e3  # ms -> s
+        return self._last_gpu_s
 
     def close(self) -> None:
         for h in self._handles:

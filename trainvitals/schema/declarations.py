@@ -309,14 +309,15 @@ RANKS = Table(
         Field(
             "compute_time_s",
             "float64",
-            "forward + backward + optimizer time",
+            "forward + backward + optimizer time, mean over the steps since the last logged one",
             required=False,
             bounds=NONNEGATIVE,
         ),
         Field(
             "data_time_s",
             "float64",
-            "time from the previous step's end to this step's first forward",
+            "time from the previous step's end to the step's first forward, mean over the "
+            "steps since the last logged one",
             required=False,
             bounds=NONNEGATIVE,
         ),

@@ -1,0 +1,66 @@
+"""StepTimer: a logged step reports the mean data and compute time of the steps since the
+previous logged one, measured on injected clocks (no wall-clock assertion)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from trainvitals.hooks.timing import StepTimer
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _run_steps(timer: StepTimer, model: nn.Module, opt, wall: Clock, cpu: Clock,
+               steps: list[tuple[float, float]]) -> None:  # fmt: skip
+    """One training step per (data wait, CPU compute) pair, in seconds."""
+    for data_s, compute_s in steps:
+        wall.now_s += data_s  # the loop fetches its batch
+        loss = model(torch.ones(1, 2)).sum()  # the first forward ends the data wait
+        loss.backward()
+        cpu.now_s += compute_s  # what forward, backward and the optimizer cost the thread
+        opt.step()
+        opt.zero_grad()
+        timer.end_step(loss.detach())
+
+
+@pytest.fixture
+def timed():
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    wall, cpu = Clock(), Clock()
+    timer = StepTimer(model, torch.device("cpu"), wall_clock=wall, cpu_clock=cpu)
+    yield timer, model, opt, wall, cpu
+    timer.close()
+
+
+def test_a_logged_step_reports_the_mean_since_the_last_logged_one(timed) -> None:
+    timer, model, opt, wall, cpu = timed
+    # Logged every 4 steps: the fourth step alone (0.5 s of compute, 0.4 s of data wait)
+    # would stand for all four; their mean is 0.2 s and 0.1 s.
+    _run_steps(timer, model, opt, wall, cpu, [(0.0, 0.1), (0.0, 0.1), (0.0, 0.1), (0.4, 0.5)])
+    got = timer.collect(step=3, steps=4)
+    assert got["compute_time_s"] == pytest.approx(0.2)
+    assert got["data_time_s"] == pytest.approx(0.1)
+    # The sums start over: the next logged step (every step logged) is its own step's.
+    _run_steps(timer, model, opt, wall, cpu, [(0.05, 0.3)])
+    got = timer.collect(step=4, steps=1)
+    assert got["compute_time_s"] == pytest.approx(0.3)
+    assert got["data_time_s"] == pytest.approx(0.05)
+
+
+def test_a_report_without_steps_is_nan(timed) -> None:
+    timer = timed[0]
+    got = timer.collect(step=0, steps=1)
+    assert math.isnan(got["compute_time_s"]) and math.isnan(got["data_time_s"])
