@@ -540,3 +540,20 @@ class _Fleet:
             "replica_fingerprint": replica,
             "replica_group": self.group,
         }
+
+
+def splice_slowdown(
+    compute_s: np.ndarray, waits_s: np.ndarray, rank: int, first: int, end: int, slowdown: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """A recorded run's per-rank compute times and waits (steps x ranks) where `rank`
+    computes `slowdown` longer in steps [first, end): it reaches the step's end later by
+    as much, the step ends when the last rank arrives, and every rank waits for it. Lets a
+    straggler be scored on a real run's own noise (bench/straggler_restless.py)."""
+    compute_s, waits_s = compute_s.copy(), waits_s.copy()
+    for compute, waits in zip(compute_s[first:end], waits_s[first:end], strict=True):
+        arrival_s = compute.max() + waits.max() - waits  # relative to the step's start
+        extra_s = compute[rank] * slowdown
+        compute[rank] += extra_s
+        arrival_s[rank] += extra_s
+        waits[:] = arrival_s.max() - arrival_s
+    return compute_s, waits_s

@@ -19,6 +19,7 @@ from trainvitals.analyzer.straggler import (
 )
 from trainvitals.analyzer.views import RankView, StepView
 from trainvitals.schema import to_arrow
+from trainvitals.simulate import splice_slowdown
 
 COMPUTE_S = 0.1
 DATA = Path(__file__).parent / "data"
@@ -276,18 +277,9 @@ def _recorded(name: str, ranks: int = 4, tp: int = 1) -> list[StepView]:
 
 
 def _slowed(table: np.ndarray, rank: int, first: int, end: int, slowdown: float) -> np.ndarray:
-    """A recorded 4-rank table (no step_time_s column) where `rank` computes `slowdown`
-    longer in steps [first, end): it reaches the step's end later by as much, the step
-    ends when the last rank arrives, and every rank waits for it."""
-    out = table.copy()
-    for row in out[first:end]:
-        compute, waits = row[:4], row[4:8]
-        arrival_s = compute.max() + waits.max() - waits  # relative to the step's start
-        extra_s = compute[rank] * slowdown
-        compute[rank] += extra_s
-        arrival_s[rank] += extra_s
-        waits[:] = arrival_s.max() - arrival_s
-    return out
+    """A recorded 4-rank table (no step_time_s column) with `splice_slowdown` applied."""
+    compute, waits = splice_slowdown(table[:, :4], table[:, 4:8], rank, first, end, slowdown)
+    return np.hstack([compute, waits])
 
 
 def _views_of(table: np.ndarray, ranks: int, tp: int) -> list[StepView]:
