@@ -95,10 +95,9 @@ class StragglerSettings:
     # burst (over the bar in BURST_STEPS logged steps in a row) in more than this share of
     # their logged steps, the cohort shares its machine with other work, and there busy
     # neighbours slow clean ranks by 10-40% for up to about 30 steps at a time. Measured:
-    # 0 on quiet runs (an idle 16-core machine; 4 and 8 ranks alone on 2 cores, before
-    # their straggler); 0.7-5% on 4-rank runs with 8 busy processes on 2 cores, once
-    # their first burst had passed (before it, 0: the first one is judged as on a quiet
-    # machine).
+    # 0 on quiet runs (an idle 16-core machine; 4 and 8 ranks alone on 2 cores); 0.1-10%
+    # on 4-rank runs with 8 busy processes on 2 cores, once their first burst had passed
+    # (before it, 0: the first one is judged as on a quiet machine).
     restless_share: float = 0.002
     # There the window is this many training steps (twice the longest busy-neighbour
     # slowdown measured): a straggler is named about 50 steps after it began, not 20.
