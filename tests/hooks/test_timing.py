@@ -64,3 +64,35 @@ def test_a_report_without_steps_is_nan(timed) -> None:
     timer = timed[0]
     got = timer.collect(step=0, steps=1)
     assert math.isnan(got["compute_time_s"]) and math.isnan(got["data_time_s"])
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event, which needs a GPU (no GPU here): `query()` says
+    whether the device passed it, `elapsed_time` the milliseconds from `start`."""
+
+    def __init__(self, at_ms: float, passed: bool = True) -> None:
+        self.at_ms, self.passed = at_ms, passed
+
+    def query(self) -> bool:
+        return self.passed
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.passed and end.passed, "elapsed_time on an event not yet passed syncs"
+        return end.at_ms - self.at_ms
+
+
+def test_on_cuda_a_report_averages_the_steps_the_device_finished(timed) -> None:
+    timer = timed[0]
+    timer.cuda = True
+    # Three steps finished since the last report (100, 200 and 300 ms); the fourth is
+    # still running on the device, and is not read.
+    spans = [(0, 100), (100, 300), (300, 600)]
+    timer._done.extend((FakeEvent(a), FakeEvent(b)) for a, b in spans)
+    running = (FakeEvent(600), FakeEvent(700, passed=False))
+    timer._done.append(running)
+    assert timer.collect(step=3, steps=4)["compute_time_s"] == pytest.approx(0.2)
+    assert list(timer._done) == [running]
+    # Nothing new finished by the next report: the last finished step's mean again.
+    assert timer.collect(step=4, steps=1)["compute_time_s"] == pytest.approx(0.2)
+    running[1].passed = True
+    assert timer.collect(step=5, steps=1)["compute_time_s"] == pytest.approx(0.1)
