@@ -439,10 +439,12 @@ class StragglerDetector:
         was named too, never make its cohort look restless. 0 until a step has left the
         window."""
         s, ring = self.settings, self.settings.restless_persist_steps
+        if self._pushed < ring:
+            return 0.0
         # The oldest step of the ring with BURST_STEPS - 1 steps before it still there.
         oldest = (self._pushed - ring + np.arange(BURST_STEPS)) % ring
         clean = ~(self._in_episode | self._was_in_episode[oldest].any(axis=0))
-        if self._pushed < ring or not clean.any():
+        if not clean.any():
             return self._restless_share()
         in_burst = np.zeros(int(clean.sum()), bool)
         for signal, sigma in zip((self._compute, self._arrival), sigmas, strict=True):

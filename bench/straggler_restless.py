@@ -16,6 +16,7 @@ side. Latency: steps from the onset to the alert. The last line is the headline.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -49,6 +50,7 @@ def alerts(compute_s: np.ndarray, waits_s: np.ndarray, settings: StragglerSettin
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # -h; no flags
     bursts_named = dict.fromkeys(JUDGES, 0)
     latencies: dict[str, list[int]] = {j: [] for j in JUDGES}
     missed = dict.fromkeys(JUDGES, 0)

@@ -39,6 +39,22 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from .layers import OptimizerParams
 
 
+class Mean:
+    """A running mean of finite seconds, taken and started over at each logged step."""
+
+    def __init__(self) -> None:
+        self.total_s, self.n = 0.0, 0
+
+    def add(self, seconds: float) -> None:
+        if math.isfinite(seconds):  # NaN: a step without a forward
+            self.total_s, self.n = self.total_s + seconds, self.n + 1
+
+    def take(self) -> float:
+        mean_s = self.total_s / self.n if self.n else math.nan
+        self.total_s, self.n = 0.0, 0
+        return mean_s
+
+
 def recorded_event() -> torch.cuda.Event:
     e = torch.cuda.Event(enable_timing=True)
     e.record()  # enqueued on the current stream; the host goes on at once
@@ -60,9 +76,8 @@ class StepTimer:
         self._cpu_s = self._cpu()
         self._forward_seen = False
         self._data_time_s = math.nan
-        # Sums and counts since the last logged step (meter protocol): data, CPU compute.
-        self._sums = [0.0, 0.0]
-        self._counts = [0, 0]
+        # Since the last logged step (meter protocol): data time, CPU compute time.
+        self._data, self._compute = Mean(), Mean()
         self._span: list[torch.cuda.Event] = []  # [start] or [start, end] of the running step
         self._done: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=8)
         self._last_gpu_s = math.nan  # the last finished step's, for a report with none new
@@ -97,22 +112,17 @@ class StepTimer:
 
     def step(self) -> None:
         """At the monitor's step boundary: add this step's data time and (on CPU) compute
-        time to the sums of the steps since the last logged one."""
+        time to the means of the steps since the last logged one."""
         cpu_s = self._cpu()
-        self._add(0, self._data_time_s)
+        self._data.add(self._data_time_s)
         if not self.cuda:
-            self._add(1, cpu_s - self._cpu_s)
+            self._compute.add(cpu_s - self._cpu_s)
         self._cpu_s = cpu_s
         self._data_time_s = math.nan
         self._forward_seen = False
         self._boundary_s = self._wall()  # the optimizer's end moves it later, if one runs
         if self.cuda and self._span:
             self._span[1:] = [recorded_event()]
-
-    def _add(self, which: int, seconds: float) -> None:
-        if math.isfinite(seconds):  # NaN: a step without a forward
-            self._sums[which] += seconds
-            self._counts[which] += 1
 
     def start_step(self, logged: bool) -> None:
         pass
@@ -122,11 +132,8 @@ class StepTimer:
         self.step()
 
     def collect(self, step: int, steps: int) -> dict[str, Any]:
-        """Means over the steps since the last logged step; the sums start over."""
-        data_s, compute_s = (
-            total / n if n else math.nan for total, n in zip(self._sums, self._counts, strict=True)
-        )
-        self._sums, self._counts = [0.0, 0.0], [0, 0]
+        """Means over the steps since the last logged step; the means start over."""
+        data_s, compute_s = self._data.take(), self._compute.take()
         if self.cuda:
             compute_s = self._finished_gpu_time_s()
         return {"data_time_s": data_s, "compute_time_s": compute_s}
