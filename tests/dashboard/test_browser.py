@@ -87,8 +87,16 @@ def dashboard(collector_url: str) -> Iterator[str]:
         wait_until(healthy, timeout_s=STARTUP_TIMEOUT_S)
         yield url
     finally:
+        # Clean-up only: the dashboard's own stop on SIGINT and SIGTERM is tested in
+        # test_launch.py. Streamlit in the middle of a script run can outlast a minute's
+        # wait with both cores saturated (a fresh-clone CI beside two busy loops): then
+        # kill it, rather than fail a test whose checks passed.
         proc.terminate()
-        proc.wait(patience_s(60))
+        try:
+            proc.wait(patience_s(60))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def chart(page, title: str):
