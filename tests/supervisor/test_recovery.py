@@ -141,7 +141,7 @@ def test_sdc_on_a_node_fences_it_rolls_back_and_resumes_on_the_other(
          "--set", "liveness.silence_s=6"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert replay.returncode == 0, replay.stderr
+    assert replay.returncode == 0, replay.stderr + "\nreplayed:\n" + replay.stdout
     assert "supervisor: 1 node(s) fenced, 1 rollback(s) of " in replay.stderr, replay.stderr
 
 
