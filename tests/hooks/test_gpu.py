@@ -63,6 +63,42 @@ def test_cuda_compute_time_and_maxima(model) -> None:
     assert all(r["act_max_abs"] > 0 for r in out.rows("layers"))
 
 
+def test_a_logged_steps_compute_time_is_the_mean_of_the_steps_since_the_last(model) -> None:
+    """At log_every=4 with one heavy step in four, a logged step reports the mean GPU time
+    of the four steps before it (the device finished them: the test waits for it), not its
+    own light step's, and not the heavy step's."""
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, peak_flops_per_s=1e15, log_every=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    a = torch.randn(4096, 4096, device="cuda")
+    measured_s = []
+    for i in range(9):
+        x = torch.randint(0, 256, (4, 128), device="cuda")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x)
+        if i % 4 == 1:  # the heavy step: 30 fp32 products of 4096^3 on the stream
+            for _ in range(30):
+                a = torch.tanh(a @ a)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), x.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        end.record()
+        monitor.step(loss=loss, tokens=x.numel())
+        torch.cuda.synchronize()  # the test's, so that every earlier step is finished
+        measured_s.append(start.elapsed_time(end) / 1e3)
+    monitor.close()
+    reported = {r["step"]: r["compute_time_s"] for r in out.rows("ranks")}
+    for step in (4, 8):
+        window = measured_s[step - 4 : step]
+        expected_s = sum(window) / 4
+        assert reported[step] == pytest.approx(expected_s, rel=0.25), (step, reported, measured_s)
+        assert reported[step] < 0.7 * max(window), "the heavy step alone"
+        assert reported[step] > 1.5 * measured_s[step], "the logged (light) step alone"
+
+
 def test_records_on_cuda_match_torch(model) -> None:
     out = InMemoryExporter()
     monitor = attach(model, exporter=out, peak_flops_per_s=1e15, log_every=1)
