@@ -102,6 +102,34 @@ class DivergenceSettings:
     cusum_allowance_z: float = 2.0
     cusum_clip: float = 3.0
     cusum_threshold: float = 10.0
+    # A third rule, for a climb still below `cusum_allowance`: a data-order shift is a step
+    # that then stays flat (or falls with training), a climb keeps rising. Over the last
+    # `ramp_window` logged losses (in log, over the frozen baseline), the best ramp from
+    # the baseline (a hinge, starting at any of those steps) must explain them better than
+    # the best single step (at any of them) by `ramp_margin` noise variances, and stand
+    # `noise_z` standard errors out of zero; while it does, a second CUSUM sums each loss's
+    # excess over the baseline plus `ramp_allowance` (clipped like the first), and flags
+    # the climb at `cusum_threshold` once the level is up `resolve_rise` (else the alert
+    # would resolve at once). Whenever the step explains the window better, that sum
+    # starts again from 0, so a +5% step accrues nothing however long it stays (chance
+    # openings, summed, flagged a +3% step 9 times in a test). It needs the learning
+    # rate reported: a loss that rises with the learning rate (a warm-up or restart
+    # missed) is a ramp too. On bench/loss_curves.py's tuning seeds: 22 of 40 divergences
+    # within 50 steps of onset instead of 19, at 12 false alerts in 449,172 steps instead
+    # of 11 (a margin of 0: 23, at 14; without the learning rate's gate, with the loss
+    # alone: 21 instead of 15, but 87 false `loss_diverging` instead of 73, in warm
+    # restarts it cannot tell from climbs). Gated by the gradient norm's growth like the
+    # first CUSUM, it found none sooner: at onset+50 a slow climb's gradient norm has
+    # rarely grown out of its noise.
+    ramp_window: int = 60
+    ramp_allowance: float = 0.02
+    ramp_margin: float = 3.0
+    # The ramp must span at least this many logged steps: just after a step, a few raised
+    # losses fit a steep short ramp as well as the step, by chance (a +5% step in 1% noise
+    # was flagged 4 steps after it, in a test, without this). Over 20 seeds of +3%, +4%
+    # and +5% steps in 1% noise, 20 steps let 2 of 60 be flagged, 30 steps 1 (the tuning
+    # seeds' figures are the same with either).
+    ramp_min_steps: int = 30
     # While the learning rate climbs to new peaks (a warm-up) and for this many logged
     # steps after the last, the loss may rise with it: the rise needs the gradient norm's
     # growth too (lr_schedule.py). On the tuning seeds of bench/loss_curves.py, all 8
@@ -150,6 +178,17 @@ class DivergenceSettings:
         for name in ("cusum_allowance", "cusum_threshold", "cusum_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"divergence.{name} must be > 0, got {getattr(self, name)}")
+        if self.ramp_window < 3:
+            raise ValueError(f"divergence.ramp_window must be >= 3, got {self.ramp_window}")
+        if not 2 <= self.ramp_min_steps <= self.ramp_window:
+            raise ValueError(
+                f"divergence.ramp_min_steps must be in [2, divergence.ramp_window "
+                f"({self.ramp_window})], got {self.ramp_min_steps}"
+            )
+        if not self.ramp_allowance >= 0:
+            raise ValueError(f"divergence.ramp_allowance must be >= 0, got {self.ramp_allowance}")
+        if not self.ramp_margin >= 0:
+            raise ValueError(f"divergence.ramp_margin must be >= 0, got {self.ramp_margin}")
         if not self.cusum_allowance_z >= 0:
             raise ValueError(
                 f"divergence.cusum_allowance_z must be >= 0, got {self.cusum_allowance_z}"
@@ -209,8 +248,11 @@ class DivergenceDetector:
     episode's peak by `recover_fraction` of the climb, nor its last 3 losses' median
     clearly below its recent high). Or, sooner on a slow climb: a CUSUM of every loss's
     excess over `B` plus `cusum_allowance` (joined by the gradient norm's growth where
-    reported) reaches `cusum_threshold` (see the settings). It resolves once `m` is back
-    within `resolve_rise` of `B`. Warm restarts of the learning rate pause it; while it
+    reported) reaches `cusum_threshold`; or, for a climb still below that allowance, a
+    second CUSUM (2% allowance) that sums only while a ramp from `B` explains the last
+    `ramp_window` losses better than any single step up (a data-order shift) does
+    (see the settings). It resolves once `m` is back within `resolve_rise` of `B`.
+    Warm restarts of the learning rate pause it; while it
     warms up to new peaks a rise needs the gradient norm's growth too (lr_schedule.py).
     The noise is the robust spread of step-to-step differences, as in the spike detector.
     Per step: a few O(window) inserts into sorted windows.
@@ -241,6 +283,9 @@ class DivergenceDetector:
     _streak: int = 0  # consecutive steps meeting the rule
     _cusum: float = 0.0  # evidence of a climb since the onset, in noise deviations
     _grown_streak: int = 0  # consecutive steps the gradient norm's level stood grown
+    _ramp_cusum: float = 0.0  # evidence of a still-rising climb since the onset
+    _window: deque[float] = field(init=False, repr=False)  # last ramp_window log-losses
+    _lr_reported: bool = False  # this step's learning rate is known
     _alert: Alert | None = None  # the open episode
     _checkpoints: list[int] = field(default_factory=list)  # steps of checkpoint events, sorted
 
@@ -257,6 +302,7 @@ class DivergenceDetector:
         self._warmup = WarmUp(cfg.warmup_grace_steps)
         self._recent = deque(maxlen=cfg.level_window + 1)
         self._fast = deque(maxlen=cfg.level_window)
+        self._window = deque(maxlen=cfg.ramp_window)
 
     def observe_events(self, events: list[RunEvent]) -> None:
         """Checkpoints saved by the run: rollback advice names the last before an onset."""
@@ -291,6 +337,8 @@ class DivergenceDetector:
         if math.isfinite(self._last_x):
             self._diffs.push(x - self._last_x)
         self._last_x = x
+        self._window.append(x)
+        self._lr_reported = s.lr is not None and math.isfinite(s.lr)
         self._recent.append((s.step, x))
         last = sorted(x for _, x in list(self._recent)[-_FAST_WINDOW:])
         self._fast.append(median_of_sorted(last))
@@ -316,6 +364,7 @@ class DivergenceDetector:
         self._onset = None
         self._streak = 0
         self._cusum = 0.0
+        self._ramp_cusum = 0.0
         self._grown_streak = 0
 
     def _healthy(self, step: int, baseline: float) -> None:
@@ -325,6 +374,7 @@ class DivergenceDetector:
         self._peak = -math.inf
         self._streak = 0
         self._cusum = 0.0
+        self._ramp_cusum = 0.0
         self._grown_streak = 0
 
     def _noise(self, diffs_window: RollingWindow | None = None) -> float:
@@ -386,7 +436,10 @@ class DivergenceDetector:
         # A warm-up explains a rising loss, not a growing gradient norm.
         explained = self._warming and not corroborated
         self._streak = self._streak + 1 if rise >= need and not (recovering or explained) else 0
-        climbing = self._climbing(baseline, sigma, rise, se) and not (recovering or explained)
+        cusum = self._climbing(baseline, sigma, rise, se)
+        ramp = self._ramping(baseline, sigma)  # both sums move every step
+        ramp &= rise > math.log1p(cfg.resolve_rise)  # else it would resolve at once
+        climbing = (cusum or ramp) and not (recovering or explained)
         if self._streak >= cfg.confirm_steps or climbing:
             self._alert = self._diverging(s, onset, level, growth)
             alerts.append(self._alert)
@@ -415,6 +468,46 @@ class DivergenceDetector:
             grown = True
         self._cusum = max(0.0, self._cusum + term)
         return self._cusum >= cfg.cusum_threshold and rise >= allowance and grown
+
+    def _ramping(self, baseline: float, sigma: float) -> bool:
+        """The ramp rule: adds this step's excess over the baseline plus `ramp_allowance` to
+        its CUSUM while a ramp explains the window better than a single step does
+        (`_ramp_lead`), and starts it again from 0 when not; True once the sum reaches
+        `cusum_threshold`. Only where the learning rate is reported. O(ramp_window)."""
+        cfg = self.settings
+        if sigma <= 0 or not self._lr_reported or len(self._window) < cfg.ramp_window:
+            return False
+        term = self._clip((self._last_x - baseline - math.log1p(cfg.ramp_allowance)) / sigma)
+        if self._ramp_lead(baseline, sigma) < cfg.ramp_margin:
+            self._ramp_cusum = 0.0  # a step explains the window: start again
+            return False
+        self._ramp_cusum = max(0.0, self._ramp_cusum + term)
+        return self._ramp_cusum >= cfg.cusum_threshold
+
+    def _ramp_lead(self, baseline: float, sigma: float) -> float:
+        """How much better (in noise variances) the best rising ramp from the baseline
+        explains the window's excesses e_i over it than the best single step up does;
+        -inf unless that ramp stands `noise_z` standard errors out of zero. A ramp from
+        step k (spanning `ramp_min_steps` at least), e_i = b (i - k) for i >= k, removes
+        (sum e_i (i - k))^2 / sum (i - k)^2 of the squared excess; a step at k, e_i = c for
+        i >= k, (sum e_i)^2 / (n - k). Both for every k at once, from suffix sums of e_i
+        and i e_i."""
+        ramp = step = 0.0
+        s0 = s1 = 0.0  # sum of e_i and of i e_i over i >= k
+        n = len(self._window)
+        for k in range(n - 1, -1, -1):
+            e = self._window[k] - baseline
+            s0 += e
+            s1 += k * e
+            m = n - k
+            if s0 > 0:
+                step = max(step, s0 * s0 / m)
+            lever = s1 - k * s0  # sum e_i (i - k)
+            if lever > 0 and m >= self.settings.ramp_min_steps:
+                ramp = max(ramp, lever * lever / ((m - 1) * m * (2 * m - 1) / 6))
+        if ramp < (self.settings.noise_z * sigma) ** 2:
+            return -math.inf
+        return (ramp - step) / (sigma * sigma)
 
     def _joins_grad(self) -> bool:
         """Whether this step's gradient norm, its level at the onset and its noise are known."""
