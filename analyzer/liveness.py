@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .alerts import Alert
+from .alerts import RESOLVED, Alert
 from .runinfo import rank_on
 
 RANK_LOST, HANG = "rank_lost", "hang"
@@ -110,6 +110,8 @@ class _Run:
     ended: bool = False
     lost: Alert | None = None  # the open rank_lost episode
     hang: Alert | None = None  # the open hang episode
+    # Step of each kind's last alert row: the store keeps one row per kind and step.
+    row_steps: dict[str, int] = field(default_factory=dict)
     pending: list[tuple[float, int, tuple]] = field(default_factory=list)  # not processed yet
 
 
@@ -141,14 +143,15 @@ class Watchdog:
             self._runs[run_id].pending.append((time_unix_s, self._order, ()))
 
     def restore(
-        self, run_id: str, heartbeats: Any, now_s: float, open_episodes: Sequence[Alert] = ()
+        self, run_id: str, heartbeats: Any, now_s: float, last_alerts: Sequence[Alert] = ()
     ) -> None:
         """Rebuild a run's state after a restart of the collector at `now_s`.
 
         `heartbeats`: stored ones received before the restart (schema.HEARTBEATS with
         received_unix_s): at least each rank's latest, and the first receipt of each of the
         last `window` completed steps, from which the typical step time is learned again.
-        `open_episodes`: its rank_lost and hang alerts that were raised and not resolved.
+        `last_alerts`: the last stored rank_lost and hang rows of the run: those not
+        `resolved` are open episodes, and a new row of their kind comes after their step.
         No deadline before `now_s` fires: the collector heard nothing while it was down, so
         that silence is nobody's. A rank silent for `silence_s` before the collector's last
         receipt went silent while it listened and stays lost; every other rank counts as
@@ -174,7 +177,10 @@ class Watchdog:
                 heapq.heappush(run.deadlines, (now_s + self.settings.silence_s, rank, r.heard_s))
         if not math.isnan(run.progress_s):
             run.progress_s = max(run.progress_s, now_s)
-        for alert in open_episodes:
+        for alert in last_alerts:
+            run.row_steps[alert.kind] = alert.step
+            if alert.severity == RESOLVED:
+                continue
             if alert.kind == RANK_LOST:
                 run.lost = alert
             elif alert.kind == HANG:
@@ -245,6 +251,9 @@ class Watchdog:
         if math.isnan(run.progress_s):
             run.progress_s = t  # the hang clock starts when the run is first heard
         if phase == "ended":
+            # Its last finished step counts: a run that finished steps since its last
+            # heartbeat ends at its last step, not where the heartbeats last saw it.
+            run.progress_step = max(run.progress_step, finished)
             return self._end(run_id, run, t, f"rank {rank} closed its monitor: the run ended")
         if run.ended and phase != "exited":
             run.ended = False  # a rank at work after the end: the run was resumed
@@ -264,12 +273,8 @@ class Watchdog:
         if run.hang is None and run.lost is None and run.progress_step >= 0:
             run.per_step_s.append((t - run.progress_s) / (step - run.progress_step))
         run.progress_step, run.progress_s = step, t
-        out = []
-        for episode in (run.hang, run.lost):
-            if episode is not None:
-                out.append(
-                    episode.resolved_at(step + 1, t, f"step {step} completed: progress resumed")
-                )
+        why = f"step {step} completed: progress resumed"
+        out = [_resolve(run, e, step + 1, t, why) for e in (run.hang, run.lost) if e]
         run.hang = run.lost = None
         for rank, r in list(run.ranks.items()):
             if r.gone:
@@ -280,7 +285,7 @@ class Watchdog:
         if run.ended:
             return []
         run.ended = True
-        out = [e.resolved_at(run.progress_step + 1, t, why) for e in (run.hang, run.lost) if e]
+        out = [_resolve(run, e, run.progress_step + 1, t, why) for e in (run.hang, run.lost) if e]
         run.hang = run.lost = None
         return out
 
@@ -336,7 +341,7 @@ class Watchdog:
         )
         run.lost = Alert(
             run_id=run_id,
-            step=run.progress_step + 1,
+            step=_row_step(run, RANK_LOST, run.progress_step + 1),
             kind=RANK_LOST,
             severity="critical",
             message=(
@@ -363,7 +368,7 @@ class Watchdog:
         )
         run.hang = Alert(
             run_id=run_id,
-            step=run.progress_step + 1,
+            step=_row_step(run, HANG, run.progress_step + 1),
             kind=HANG,
             severity="critical",
             message=(
@@ -376,6 +381,19 @@ class Watchdog:
             rank=named[0] if named else None,
         )
         return run.hang
+
+
+def _row_step(run: _Run, kind: str, step: int) -> int:
+    """The step of a new row of `kind`: `step`, or the one after the kind's last row when
+    that is not earlier. The store keys alerts by (run, kind, step), so an episode that
+    ends where it began (a run that ends without a step since) would lose its resolve."""
+    step = max(step, run.row_steps.get(kind, step - 1) + 1)
+    run.row_steps[kind] = step
+    return step
+
+
+def _resolve(run: _Run, episode: Alert, step: int, t: float, why: str) -> Alert:
+    return episode.resolved_at(_row_step(run, episode.kind, step), t, why)
 
 
 def _attribute(ranks: dict[int, _Rank]) -> tuple[list[int], str]:

@@ -127,7 +127,7 @@ def store_goodput(con: duckdb.DuckDBPyConnection) -> list[Goodput]:
     out = []
     runs = con.sql("SELECT DISTINCT run_id FROM steps ORDER BY run_id").fetchall()
     for (run_id,) in runs:
-        out.append(stored_goodput(run_id, lambda sql, p: con.execute(sql, p).to_arrow_table()))
+        out.append(stored_goodput(run_id, lambda sql, p: con.sql(sql, params=p).to_arrow_table()))
     return out
 
 

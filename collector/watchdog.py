@@ -15,7 +15,8 @@ Why `lag_s`: a heartbeat is stamped with its receive time, then handed over here
 only up to `lag_s` ago means every heartbeat received by then has been taken, so the
 watchdog sees the heartbeats in receive order, as a replay of the store does, and both
 raise the same alerts. A hand-over later than `lag_s` (an overloaded collector) is counted
-in `Watchdog.late` and judged when it arrives. Cost: alerts come `lag_s` later.
+in `Watchdog.late` and judged when it arrives. Cost: alerts come `lag_s` later. At a stop,
+`close` judges up to the last heartbeat received, as a replay of the store does.
 
 At start-up `rebuild` restores the state of the runs that were live when the store was
 last written, from their stored heartbeats and open liveness episodes (Watchdog.restore):
@@ -26,6 +27,7 @@ time behind the hang threshold is known at once, not after five more steps.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +35,9 @@ from dataclasses import fields
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from trainvitals.analyzer.alerts import RESOLVED, Alert
+from trainvitals.analyzer.alerts import Alert
 from trainvitals.analyzer.liveness import HANG, RANK_LOST, LivenessSettings, Watchdog
 from trainvitals.schema import HEARTBEATS
 
@@ -76,6 +79,7 @@ class LiveWatchdog:
         self._unstored: dict[str, list[pa.Table]] = {}  # by run, for the next store write
         self._unstored_rows = 0
         self._ended: set[str] = set()  # runs whose run_end event the watchdog was told of
+        self._last_received_s = -math.inf  # the latest heartbeat's receive time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -83,6 +87,9 @@ class LiveWatchdog:
         """Validated heartbeats (with received_unix_s): judged, and stored at the next tick."""
         with self._lock:
             self.watchdog.observe(run_id, heartbeats)
+            received_s = pc.max(heartbeats["received_unix_s"]).as_py()
+            if received_s is not None:
+                self._last_received_s = max(self._last_received_s, received_s)
             self._unstored.setdefault(run_id, []).append(heartbeats)
             self._unstored_rows += heartbeats.num_rows
 
@@ -146,9 +153,8 @@ class LiveWatchdog:
                 "QUALIFY row_number() OVER (PARTITION BY kind ORDER BY step DESC) = 1",
                 [run_id, RANK_LOST, HANG],
             ).to_pylist()
-            episodes = [Alert(**a) for a in last if a["severity"] != RESOLVED]
             with self._lock:
-                self.watchdog.restore(run_id, heartbeats, now_s, episodes)
+                self.watchdog.restore(run_id, heartbeats, now_s, [Alert(**a) for a in last])
             restored.append(run_id)
         return restored
 
@@ -157,11 +163,26 @@ class LiveWatchdog:
         self._thread.start()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread and hand what is left to the store (close it after this)."""
+        """Stop the thread, judge every heartbeat taken, and hand what is left to the store
+        (close it after this; the server takes no more heartbeats by then)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        try:  # the run_end events accepted so far reach LiveState (_tell_run_ends)
+            self.store.flush(timeout_s)
+        except StoreError as e:
+            log.warning("liveness watchdog: judging the last heartbeats without: %s", e)
+        self._judge_the_rest()
         self.flush()
+
+    def _judge_the_rest(self) -> None:
+        """Judge up to the last heartbeat received, not `lag_s` short of now: a replay of
+        the store judges up to it (analyzer/replay.py), so the heartbeats of the last
+        second before a stop (a run's "ended" ones, say) must not go unjudged live."""
+        with self._lock:
+            self._tell_run_ends()
+            alerts = self.watchdog.advance(self._last_received_s)
+        self._alerts(alerts)
 
     def tick(self) -> list:
         """Store the heartbeats taken; judge up to `clock() - lag_s`; store and count the

@@ -19,8 +19,10 @@ what it could not deliver (`failed`). A process that ends without close() (an ex
 or the SIGTERM with which torchrun tears down the other ranks after one failed) says so with
 a last heartbeat of phase "exited", so that the watchdog tells the rank that crashed
 silently from the ranks that ended after it; `os._exit` and SIGKILL send nothing, as a
-crash or a lost node would not. The SIGTERM handler is installed only where the program
-left SIGTERM at its default, and ends the process as the default would.
+crash or a lost node would not. Before that heartbeat, `last_words` (the monitor's export
+flush, bounded) sends the telemetry still queued: the steps a rank trained before a peer
+crashed reach the store. The SIGTERM handler is installed only where the program left
+SIGTERM at its default, and ends the process as the default would.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -48,6 +51,8 @@ from trainvitals.schema import SCHEMA_VERSION
 from .layers import OptimizerParams, first_float_tensor
 
 log = logging.getLogger(__name__)
+
+LAST_WORDS_MAX_S = 10.0  # the most an ending process waits for `last_words`
 
 
 class Liveness:
@@ -122,6 +127,7 @@ class HeartbeatSender:
         interval_s: float = 2.0,
         token: str | None = None,
         timeout_s: float | None = None,
+        last_words: Callable[[], Any] | None = None,
     ) -> None:
         import httpx
 
@@ -141,6 +147,9 @@ class HeartbeatSender:
         self.failed = 0  # heartbeats not delivered (collector away, refused, timed out)
         self._stop = threading.Event()
         self._closed = False
+        # Called before "exited" on an end without close(): the monitor's export flush,
+        # while heartbeats go on (a drain must not look like a silent rank).
+        self._last_words = last_words
         self._thread = threading.Thread(
             target=self._loop, name="trainvitals-heartbeat", daemon=True
         )
@@ -199,14 +208,32 @@ class HeartbeatSender:
 
     def _exiting(self) -> None:
         """atexit without close(): the process is ending on an error; its last word."""
+        self._say_last_words()
         self.close("exited", timeout_s=1.0)
 
     def _terminated(self, signum: int, _frame: Any) -> None:
         """SIGTERM (torchrun tearing the job down after another rank failed): say so, then
         die of it as the default action would."""
+        self._say_last_words()
         self.close("exited", timeout_s=1.0)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+    def _say_last_words(self) -> None:
+        """`last_words` on a thread of its own, waited for LAST_WORDS_MAX_S at most: a
+        SIGTERM handler interrupts the training thread anywhere, inside a queue's lock too,
+        and the process must still say "exited" and die."""
+        if self._last_words is None or self._closed:
+            return
+        speaker = threading.Thread(target=self._speak, name="trainvitals-last-words", daemon=True)
+        speaker.start()
+        speaker.join(LAST_WORDS_MAX_S)
+
+    def _speak(self) -> None:
+        try:
+            self._last_words()
+        except Exception:  # the process is ending: its last heartbeat must still go
+            log.exception("trainvitals: the export flush at exit failed")
 
 
 def _on_sigterm(handler: Any) -> Any:

@@ -61,6 +61,11 @@ from .update import UpdateMeter
 
 log = logging.getLogger(__name__)
 
+# A rank that ends without close() (an exception, torchrun's SIGTERM after a peer crashed)
+# exports what is queued for at most this long: the steps it trained before the peer
+# crashed reach the store. Well inside torchrun's 30 s between SIGTERM and SIGKILL.
+EXIT_FLUSH_S = 5.0
+
 
 def attach(
     model: nn.Module,
@@ -197,7 +202,12 @@ class Monitor:
         self.comms.liveness = self.liveness
         self.heartbeat = (
             HeartbeatSender(
-                cfg.heartbeat_url, self.run_id, self.rank, self.liveness, cfg.heartbeat_interval_s
+                cfg.heartbeat_url,
+                self.run_id,
+                self.rank,
+                self.liveness,
+                cfg.heartbeat_interval_s,
+                last_words=lambda: self.reader.flush(EXIT_FLUSH_S),
             )
             if cfg.heartbeat_url
             else NullHeartbeat()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from trainvitals import checks
@@ -169,6 +170,19 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
         store.close()
 
 
+def _print_differences(replayed: list[dict], live: list[dict]) -> None:
+    """The alerts only one side raised, so that a mismatch names them (stderr)."""
+    from trainvitals.analyzer.replay import comparable
+
+    only_replayed = Counter(map(comparable, replayed)) - Counter(map(comparable, live))
+    only_live = Counter(map(comparable, live)) - Counter(map(comparable, replayed))
+    for side, alerts in (("replayed only", only_replayed), ("live only", only_live)):
+        for run_id, step, kind, rank, layer, message in sorted(alerts.elements(), key=repr):
+            where = "the run" if rank is None and layer is None else f"rank {rank}, layer {layer}"
+            print(f"  {side}: {run_id} step {step} {kind} ({where}): {message[:160]}",
+                  file=sys.stderr)  # fmt: skip
+
+
 def _replay_store(
     con: duckdb.DuckDBPyConnection,
     args: argparse.Namespace,
@@ -189,6 +203,8 @@ def _replay_store(
         verdict = "identical to" if same else "DIFFERENT from"
         print(f"{len(replayed)} alerts replayed, {verdict} the {len(live)} the collector raised",
               file=sys.stderr)  # fmt: skip
+        if not same:
+            _print_differences(replayed, live)
     else:  # --check cannot pass: there is nothing to check against
         same = False
         print(f"{len(replayed)} alerts replayed; not compared: {args.store} has no alerts "

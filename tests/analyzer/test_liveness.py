@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from trainvitals.analyzer.alerts import Alert
 from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
 from trainvitals.schema import heartbeats_to_arrow
 
@@ -240,9 +241,54 @@ def test_a_restored_open_episode_is_not_raised_again_and_resolves() -> None:
     assert (lost.kind, lost.rank) == ("rank_lost", 2)
 
     dog = Watchdog()
-    dog.restore("r1", _table(rows), now_s=500.0, open_episodes=[lost])
+    dog.restore("r1", _table(rows), now_s=500.0, last_alerts=[lost])
     dog.observe("r1", _table([(500.0 + 2 * k, r, 10) for k in range(1, 6) for r in (0, 1)]))
     assert dog.advance(510.0) == []  # rank 2 is not named again; 0 and 1 are heard
     dog.observe("r1", _table([(512.0, 0, 11), (512.0, 1, 11)]))
     (resolved,) = dog.advance(513.0)
     assert resolved.resolves and (resolved.kind, resolved.rank) == ("rank_lost", 2)
+
+
+def test_an_episode_never_shares_its_step_with_its_resolve() -> None:
+    # rank 1 goes silent at 40 s; the job goes on without a finished step in its heartbeats
+    # (a restart in progress) until rank 0 closes its monitor at 60 s. The store keys alerts
+    # by (run, kind, step): a resolve at the open's step would be lost live, not in replay.
+    def state(rank: int, t: float):
+        if rank == 1 and t > 40:
+            return None
+        if rank == 0 and t >= 59:
+            return (399, 399, "ended")
+        return (400, 399, "forward") if t > 40 else running(rank, t)
+
+    lost, resolved = feed(heartbeats(state, 2, 62), 0.5, 62)
+    assert kinds([lost, resolved]) == [("rank_lost", "critical", 1), ("rank_lost", "resolved", 1)]
+    assert lost.step == 400 and resolved.step == 401 and resolved.start_step == 400
+    assert "rank 0 closed its monitor: the run ended" in resolved.message
+
+
+def test_a_runs_last_heartbeat_counts_the_steps_it_finished() -> None:
+    # rank 1 goes silent at 40 s; the job runs on to step 700 between two heartbeats and
+    # rank 0's "ended" heartbeat is the first to show it: the resolve is at step 701.
+    def state(rank: int, t: float):
+        if rank == 1 and t > 40:
+            return None
+        if rank == 0 and t >= 59:
+            return (700, 700, "ended")
+        return (400, 399, "forward") if t > 40 else running(rank, t)
+
+    lost, resolved = feed(heartbeats(state, 2, 62), 0.5, 62)
+    assert (lost.step, resolved.step) == (400, 701)
+
+
+def test_a_restored_run_raises_no_row_on_its_last_rows_step() -> None:
+    # Before the restart a rank_lost at step 11 was resolved at step 12 (the last stored
+    # row). Restored at t=500, rank 1 goes silent with the job still at step 11: the new
+    # rank_lost comes after step 12, not on it (the store would drop it).
+    rows = [(2.0 * k, r, k) for k in range(11) for r in range(2)]
+    open_row = Alert("r1", 11, "rank_lost", "critical", "m", 30.0, rank=1)
+    resolve_row = open_row.resolved_at(12, 40.0, "step 11 completed: progress resumed")
+    dog = Watchdog()
+    dog.restore("r1", _table(rows), now_s=500.0, last_alerts=[resolve_row])
+    dog.observe("r1", _table([(500.0 + 2 * k, 0, 10) for k in range(1, 10)]))
+    (lost,) = dog.advance(520.0)
+    assert (lost.kind, lost.rank, lost.step) == ("rank_lost", 1, 13)

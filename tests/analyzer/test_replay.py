@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import orjson
 import pytest
 
@@ -39,6 +40,18 @@ def test_replay_of_a_store_reproduces_the_live_alerts(faulty_telemetry: Path, tm
     )
     assert "goodput of run" in r.stderr and '"ratio"' in r.stderr
     assert f"{len(alerts)} alerts replayed, identical to the {len(alerts)}" in r.stderr
+
+    # A mismatch names the alerts on each side: one live alert lost, one the replay lacks.
+    with duckdb.connect(str(store)) as con:
+        con.execute("DELETE FROM alerts WHERE kind = 'straggler'")
+        con.execute(
+            "INSERT INTO alerts (run_id, step, kind, severity, message, time_unix_s, rank) "
+            "VALUES ('x', 7, 'hang', 'critical', 'a hang the replay does not raise', 0, 3)"
+        )
+    r = _cli("replay", str(store), "--check")
+    assert r.returncode == 1 and "DIFFERENT from" in r.stderr, r.stderr
+    assert "replayed only: " in r.stderr and " straggler (rank 1, layer None): " in r.stderr
+    assert "live only: x step 7 hang (rank 3, layer None): a hang the replay" in r.stderr
 
 
 @pytest.mark.slow

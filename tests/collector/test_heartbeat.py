@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import duckdb
 import msgpack
 import pytest
 
@@ -124,12 +125,13 @@ def test_replay_of_the_stored_heartbeats_raises_the_live_alerts(client) -> None:
     assert [a["time_unix_s"] for a in replayed] == [a["time_unix_s"] for a in live]
 
 
-def _beats(run_id: str, ranks: list[int], finished: int, received_s: float):
+def _beats(run_id: str, ranks: list[int], finished: int, received_s: float, phase="forward"):
     """A validated heartbeat table of `ranks`, stamped as received at `received_s`."""
     from trainvitals.schema import heartbeats_to_arrow
 
     doc = beat(
         ranks=ranks,
+        phase=phase,
         time_unix_s=[received_s] * len(ranks),
         step_started=[finished + 1] * len(ranks),
         step_finished=[finished] * len(ranks),
@@ -180,3 +182,34 @@ def test_a_restarted_collector_rebuilds_the_watchdog_from_the_stored_heartbeats(
     assert (hang["run_id"], hang["kind"]) == ("b", "hang")
     assert hang["baseline"] == 50.0  # 10 x the 5 s per step learned before the restart
     assert hang["time_unix_s"] == t0 + 1000 + 50
+
+
+def test_a_stop_judges_the_heartbeats_of_its_last_second(settings) -> None:
+    """The watchdog judges `lag_s` behind its clock; a collector stopped within that lag of
+    a run's last heartbeats ("ended") still judges them, as a replay of the store does.
+    Seen in CI beside two busy loops: the live store lacked the rank_lost's resolve."""
+    from fastapi.testclient import TestClient
+
+    from trainvitals.analyzer.replay import comparable, replay_liveness
+    from trainvitals.collector.main import create_app
+
+    t0 = 1_700_000_000.0
+    now = [t0]
+    with TestClient(create_app(settings, watchdog_clock=lambda: now[0])) as client:
+        watchdog = client.app.state.watchdog
+        for k in range(13):  # rank 1 is heard at t0 only; rank 0 every second to t0 + 12
+            now[0] = t0 + k
+            watchdog.observe("a", _beats("a", [0, 1] if k == 0 else [0], 3, now[0]))
+            watchdog.tick()
+        watchdog.observe("a", _beats("a", [0], 3, t0 + 12.5, phase="ended"))
+        now[0] = t0 + 12.6  # the stop comes before a tick judged t0 + 12.5 (lag_s: 1 s)
+        watchdog.tick()
+    with duckdb.connect(settings.store_path, read_only=True) as con:
+        live = con.sql("SELECT * FROM alerts ORDER BY time_unix_s").to_arrow_table().to_pylist()
+        replayed = [a.to_dict() for a in replay_liveness(con)]
+    assert [(a["kind"], a["severity"], a["rank"]) for a in live] == [
+        ("rank_lost", "critical", 1),
+        ("rank_lost", "resolved", 1),
+    ]
+    assert live[1]["time_unix_s"] == t0 + 12.5 and "the run ended" in live[1]["message"]
+    assert sorted(map(comparable, replayed)) == sorted(map(comparable, live))

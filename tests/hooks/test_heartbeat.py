@@ -122,15 +122,23 @@ def test_a_dead_collector_is_counted_and_training_goes_on() -> None:
 @pytest.mark.parametrize(
     ("ending", "code"), [("raise SystemExit(3)", 3), ("os.kill(os.getpid(), signal.SIGTERM)", -15)]
 )
-def test_a_process_ending_without_close_says_exited(
-    receiver: Receiver, ending: str, code: int
+def test_a_process_ending_without_close_exports_what_is_queued_and_says_exited(
+    receiver: Receiver, ending: str, code: int, tmp_path
 ) -> None:
-    """An error exit (atexit) or torchrun's SIGTERM: a last heartbeat of phase "exited"."""
+    """An error exit (atexit) or torchrun's SIGTERM: the telemetry still queued is exported
+    first (a batch goes every 30 s: all 5 logged steps are queued at the end), then a last
+    heartbeat of phase "exited"."""
+    out = tmp_path / "steps.jsonl"
     script = textwrap.dedent(f"""
         import os, signal, torch
         from trainvitals.hooks import attach
+        from trainvitals.hooks.exporter import JsonlExporter
+
         m = torch.nn.Linear(4, 4)
-        monitor = attach(m, heartbeat_url={receiver.url!r}, heartbeat_interval_s=60)
+        monitor = attach(m, exporter=JsonlExporter({str(out)!r}), heartbeat_url={receiver.url!r},
+                         heartbeat_interval_s=60, log_every=1, export_interval_s=30)
+        for step in range(5):
+            monitor.step(loss=m(torch.ones(2, 4)).sum(), tokens=8)
         {ending}
     """)
     done = subprocess.run(
@@ -138,3 +146,7 @@ def test_a_process_ending_without_close_says_exited(
     )
     assert done.returncode == code, done.stderr
     assert [r["phase"] for r in receiver.rows] == ["idle", "exited"]
+    steps = [
+        s for line in out.read_bytes().splitlines() for s in orjson.loads(line)["steps"]["step"]
+    ]
+    assert steps == [0, 1, 2, 3, 4]
