@@ -249,35 +249,24 @@ def test_a_restored_open_episode_is_not_raised_again_and_resolves() -> None:
     assert resolved.resolves and (resolved.kind, resolved.rank) == ("rank_lost", 2)
 
 
-def test_an_episode_never_shares_its_step_with_its_resolve() -> None:
-    # rank 1 goes silent at 40 s; the job goes on without a finished step in its heartbeats
-    # (a restart in progress) until rank 0 closes its monitor at 60 s. The store keys alerts
-    # by (run, kind, step): a resolve at the open's step would be lost live, not in replay.
+@pytest.mark.parametrize(("last_finished", "resolved_at"), [(399, 401), (700, 701)])
+def test_a_run_end_resolves_rank_lost_after_its_step(last_finished, resolved_at) -> None:
+    # rank 1 goes silent at 40 s; rank 0's heartbeats show no finished step after 399 (a
+    # restart in progress) until it closes its monitor at 59 s, its last heartbeat showing
+    # step `last_finished`. The store keys alerts by (run, kind, step): a resolve at the
+    # open's step 400 would be lost live, not in replay. The ended heartbeat's own step
+    # counts (the job may run on to step 700 between two heartbeats).
     def state(rank: int, t: float):
         if rank == 1 and t > 40:
             return None
         if rank == 0 and t >= 59:
-            return (399, 399, "ended")
+            return (last_finished, last_finished, "ended")
         return (400, 399, "forward") if t > 40 else running(rank, t)
 
     lost, resolved = feed(heartbeats(state, 2, 62), 0.5, 62)
     assert kinds([lost, resolved]) == [("rank_lost", "critical", 1), ("rank_lost", "resolved", 1)]
-    assert lost.step == 400 and resolved.step == 401 and resolved.start_step == 400
+    assert (lost.step, resolved.step, resolved.start_step) == (400, resolved_at, 400)
     assert "rank 0 closed its monitor: the run ended" in resolved.message
-
-
-def test_a_runs_last_heartbeat_counts_the_steps_it_finished() -> None:
-    # rank 1 goes silent at 40 s; the job runs on to step 700 between two heartbeats and
-    # rank 0's "ended" heartbeat is the first to show it: the resolve is at step 701.
-    def state(rank: int, t: float):
-        if rank == 1 and t > 40:
-            return None
-        if rank == 0 and t >= 59:
-            return (700, 700, "ended")
-        return (400, 399, "forward") if t > 40 else running(rank, t)
-
-    lost, resolved = feed(heartbeats(state, 2, 62), 0.5, 62)
-    assert (lost.step, resolved.step) == (400, 701)
 
 
 def test_a_restored_run_raises_no_row_on_its_last_rows_step() -> None:
