@@ -169,7 +169,9 @@ class DivergenceSettings:
         for name in ("min_grad_growth", "restart_lr_ratio"):
             if not getattr(self, name) > 1:
                 raise ValueError(f"divergence.{name} must be > 1, got {getattr(self, name)}")
-        for name in ("noise_z", "healthy_z", "grad_z"):
+        for name in (
+            "noise_z", "healthy_z", "grad_z", "ramp_allowance", "ramp_margin", "cusum_allowance_z"
+        ):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise ValueError(f"divergence.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("restart_grace_steps", "warmup_grace_steps"):
@@ -184,14 +186,6 @@ class DivergenceSettings:
             raise ValueError(
                 f"divergence.ramp_min_steps must be in [2, divergence.ramp_window "
                 f"({self.ramp_window})], got {self.ramp_min_steps}"
-            )
-        if not self.ramp_allowance >= 0:
-            raise ValueError(f"divergence.ramp_allowance must be >= 0, got {self.ramp_allowance}")
-        if not self.ramp_margin >= 0:
-            raise ValueError(f"divergence.ramp_margin must be >= 0, got {self.ramp_margin}")
-        if not self.cusum_allowance_z >= 0:
-            raise ValueError(
-                f"divergence.cusum_allowance_z must be >= 0, got {self.cusum_allowance_z}"
             )
         if not self.cusum_grad_allowance >= 1:
             raise ValueError(

@@ -8,8 +8,17 @@
 # (PRESET, BATCH and ROUNDS override them: PRESET=tiny BATCH=2 ROUNDS=3 tries it on a CPU).
 # The last line: the median overhead of each side.
 set -u
+if [ $# -lt 1 ] || [ ! -d "$1/hooks" ] || [ ! -d "$1/trainvitals" ]; then
+    echo "usage: bash bench/hook_overhead_ab.sh OLD_TREE [ROUNDS_EACH]: OLD_TREE must hold" \
+        "the older trainvitals/ and hooks/ (see the comment at the top)" >&2
+    exit 2
+fi
 old=$(realpath "$1")
 rounds=${2:-2}
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "ROUNDS_EACH must be a whole number >= 1, got '$rounds'" >&2
+    exit 2
+fi
 repo=$PWD
 shim() {  # the component folders of tree $1 under the trainvitals namespace
     local d

@@ -170,12 +170,9 @@ def _replay(args: argparse.Namespace, _rest: list[str]) -> int | str:
         store.close()
 
 
-def _print_differences(replayed: list[dict], live: list[dict]) -> None:
-    """The alerts only one side raised, so that a mismatch names them (stderr)."""
-    from trainvitals.analyzer.replay import comparable
-
-    only_replayed = Counter(map(comparable, replayed)) - Counter(map(comparable, live))
-    only_live = Counter(map(comparable, live)) - Counter(map(comparable, replayed))
+def _print_differences(only_replayed: Counter, only_live: Counter) -> None:
+    """The alerts only one side raised (`comparable` tuples), so that a mismatch names
+    them (stderr)."""
     for side, alerts in (("replayed only", only_replayed), ("live only", only_live)):
         for run_id, step, kind, rank, layer, message in sorted(alerts.elements(), key=repr):
             where = "the run" if rank is None and layer is None else f"rank {rank}, layer {layer}"
@@ -199,12 +196,14 @@ def _replay_store(
         sys.stdout.buffer.write(orjson.dumps(alert.to_dict()) + b"\n")
     if comparable_alerts:
         live = stored_alerts(con)
-        same = sorted(map(comparable, replayed)) == sorted(map(comparable, live))
+        replayed_n, live_n = Counter(map(comparable, replayed)), Counter(map(comparable, live))
+        only_replayed, only_live = replayed_n - live_n, live_n - replayed_n
+        same = not only_replayed and not only_live
         verdict = "identical to" if same else "DIFFERENT from"
         print(f"{len(replayed)} alerts replayed, {verdict} the {len(live)} the collector raised",
               file=sys.stderr)  # fmt: skip
         if not same:
-            _print_differences(replayed, live)
+            _print_differences(only_replayed, only_live)
     else:  # --check cannot pass: there is nothing to check against
         same = False
         print(f"{len(replayed)} alerts replayed; not compared: {args.store} has no alerts "
