@@ -69,6 +69,11 @@ scored rows (logged steps). The last line is the headline.
 
     .venv/bin/python bench/loss_curves_blind.py --seeds 10 --out bench/results/loss_curves_blind.txt
     .venv/bin/python bench/loss_curves_blind.py --cli-check 4     # CLI vs in-process alerts
+    .venv/bin/python bench/loss_curves_blind.py --probe \
+        --out bench/results/loss_curves_blind_probe.txt
+
+The probes (--probe) were added after the first scoring run, to describe what it showed;
+they score nothing.
 """
 
 from __future__ import annotations
@@ -370,10 +375,11 @@ def clean_bf16_plateau(rng: np.random.Generator, seed: int) -> Run:
     end = min(start + length, int(0.8 * n))
     progress = lr.copy()
     progress[start:end] *= 0.02  # the area that moves the power law barely grows
-    trend = trend_from_lr(progress, rng.uniform(1.9, 2.6), 10.6, rng.uniform(20, 50), 0.5, 0.3)
+    trend = trend_from_lr(progress, rng.uniform(1.9, 2.6), 10.6, rng.uniform(20, 50), 0.5, 0.0)
+    trend -= 0.3 * annealed(lr)  # the annealing term follows the real rate, not the stall
     drop, width = rng.uniform(0.08, 0.15), rng.uniform(50, 150) / 4
     t = np.arange(n)
-    trend *= 1 + drop * (1 - 1 / (1 + np.exp(-(t - end) / width))) * (t > start)
+    trend *= 1 - drop / (1 + np.exp(-(t - end) / width))
     bf16 = bool(seed % 2 == 0)
     loss, g, ev = finish(
         rng, trend, grad_base(rng, n, rise=1.3), Noise(rel=rng.uniform(0.002, 0.005), bump_p=0.001)
@@ -622,8 +628,8 @@ def write_csv(run: Run, mode: str, path: Path) -> None:
 
 def cli_check(count: int) -> int:
     """Compare the CLI's alerts with the in-process ones on `count` runs (both modes)."""
-    picks = [(f, s) for s in range(count) for f in ("adam_spike", "mixture_switch")][:count]
-    picks += [("level_jump", 0), ("vision_step", 1)][: max(0, count - len(picks))]
+    fams = ("adam_spike", "mixture_switch", "level_jump", "vision_step")
+    picks = [(f, s) for s in range(count) for f in fams][:count]
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         for fam, seed in picks:
@@ -638,8 +644,14 @@ def cli_check(count: int) -> int:
                     check=True,
                 ).stdout
                 cli = [json.loads(line) for line in out.splitlines() if line.strip()]
-                cli_keys = [(a["kind"], a["step"], a.get("start_step"), a["severity"]) for a in cli]
-                mine = [(a.kind, a.step, a.start_step, a.severity) for a in analyze(run, mode)]
+                cli_keys = [
+                    (a["kind"], a["step"], a.get("start_step"), a["severity"], a["message"])
+                    for a in cli
+                ]
+                mine = [
+                    (a.kind, a.step, a.start_step, a.severity, a.message.split(" Data: ")[0])
+                    for a in analyze(run, mode)
+                ]
                 same = cli_keys == mine
                 bad += not same
                 print(
@@ -665,6 +677,7 @@ class Score:
     found: bool | None = None  # None: a clean run
     latency: int | None = None
     after: list = field(default_factory=list)  # alerts after the onset that found nothing
+    any_kind: bool = False  # an alert of any kind within the window
 
 
 def score(run: Run, mode: str) -> Score:
@@ -676,6 +689,7 @@ def score(run: Run, mode: str) -> Score:
         a for a in alerts if a.kind in run.expect and run.onset <= a.step <= run.onset + run.window
     ]
     sc = Score(run, mode, int(np.sum(run.step < run.onset)), pre, found=bool(hits))
+    sc.any_kind = any(run.onset <= a.step <= run.onset + run.window for a in alerts)
     if hits:
         sc.latency = min(a.step for a in hits) - run.onset
     sc.after = [a for a in alerts if a.step >= run.onset and a not in hits]
@@ -694,6 +708,16 @@ def context(run: Run, step: int) -> str:
     )
 
 
+def cause(run: Run, alert) -> str:
+    """The benign event a false alert most likely answered: one at its step or in the 5 steps
+    before (a spike), or since its episode's start (a divergence); else noise."""
+    first = min(alert.step, alert.start_step if alert.start_step is not None else alert.step)
+    near = [what for s, what in run.events if first - 5 <= s <= alert.step]
+    if not near:
+        return "noise/drift (no event)"
+    return near[-1].split(" +")[0].split(" -")[0].split(" x")[0]
+
+
 def short(message: str, width: int = 160) -> str:
     message = message.split(" Data: ")[0]
     return message if len(message) <= width else message[: width - 3] + "..."
@@ -706,8 +730,8 @@ def per_10k(count: int, rows: int) -> float:
 def family_table(scores: list[Score]) -> list[str]:
     """One line per family and mode."""
     lines = [
-        f"{'family':<18} {'mode':<9} {'runs':>4} {'found':>7} {'lat med':>7} {'lat max':>7} "
-        f"{'rows':>7} {'false':>5} {'/10k':>6}  false by kind",
+        f"{'family':<18} {'mode':<9} {'runs':>4} {'found':>7} {'any':>5} {'lat med':>7} "
+        f"{'lat max':>7} {'rows':>7} {'false':>5} {'/10k':>6}  false by kind",
     ]
     for fam in FAMILIES:
         for mode in MODES:
@@ -721,12 +745,51 @@ def family_table(scores: list[Score]) -> list[str]:
             kinds = sorted({a.kind for a in false})
             by_kind = ", ".join(f"{k} {sum(a.kind == k for a in false)}" for k in kinds)
             found = f"{sum(s.found for s in faulty)}/{len(faulty)}" if faulty else "-"
+            anyk = f"{sum(s.any_kind for s in faulty)}" if faulty else "-"
             lat_med = f"{np.median(lat):.0f}" if lat else "-"
             lat_max = f"{max(lat)}" if lat else "-"
             lines.append(
-                f"{fam:<18} {mode:<9} {len(group):>4} {found:>7} {lat_med:>7} {lat_max:>7} "
+                f"{fam:<18} {mode:<9} {len(group):>4} {found:>7} {anyk:>5} {lat_med:>7} "
+                f"{lat_max:>7} "
                 f"{rows:>7} {len(false):>5} {per_10k(len(false), rows):>6.2f}  {by_kind}"
             )
+    return lines
+
+
+def faulty_lines(scores: list[Score]) -> list[str]:
+    """One line per faulty run: the fault and each mode's latency (or MISS)."""
+    lines = []
+    by_run: dict[tuple[str, int], dict[str, Score]] = {}
+    for s in scores:
+        if s.found is not None:
+            by_run.setdefault((s.run.family, s.run.seed), {})[s.mode] = s
+    for (fam, seed), modes in by_run.items():
+        r = next(iter(modes.values())).run
+        fault = next(what for _, what in r.events if what.startswith("FAULT"))[6:]
+        cells = []
+        for mode in MODES:
+            sc = modes.get(mode)
+            if sc is not None:
+                cells.append(f"{mode} {'MISS' if sc.latency is None else sc.latency}")
+        lines.append(
+            f"{fam:<18} seed {seed}: onset {r.onset:>4}, {fault}; latency " + ", ".join(cells)
+        )
+    return lines
+
+
+def cause_table(scores: list[Score]) -> list[str]:
+    """False alerts by mode, kind and the benign event they answered."""
+    counts: dict[tuple[str, str, str, str], int] = {}
+    for s in scores:
+        for a in s.false:
+            key = (s.mode, a.kind, a.severity, cause(s.run, a))
+            counts[key] = counts.get(key, 0) + 1
+    lines = [
+        f"{'mode':<9} {'kind':<15} {'severity':<9} {'count':>5}  answered "
+        "(event at the alert / since the episode's start)"
+    ]
+    for (mode, kind, sev, why), c in sorted(counts.items(), key=lambda kv: (kv[0][0], -kv[1])):
+        lines.append(f"{mode:<9} {kind:<15} {sev:<9} {c:>5}  {why}")
     return lines
 
 
@@ -742,12 +805,17 @@ def details(scores: list[Score]) -> list[str]:
                 f"MISS  {tag}: onset {r.onset} ({fault}), window {r.window}, "
                 f"expected {'/'.join(r.expect)}"
             )
+            for a in [a for a in s.false if a.step >= r.onset - 100]:
+                lines.append(
+                    f"        {r.onset - a.step} steps before onset: {a.kind} at {a.step} "
+                    f"({cause(r, a)})"
+                )
             for a in s.after:
                 lines.append(f"        after onset: {a.kind} at {a.step}: {short(a.message)}")
         for a in s.false:
             lines.append(
                 f"FALSE {tag}: {a.kind} at step {a.step} (start {a.start_step}); "
-                f"{context(r, a.step)}"
+                f"{context(r, a.step)} => {cause(r, a)}"
             )
             lines.append(f"        message: {short(a.message)}")
     return lines
@@ -771,6 +839,69 @@ def headline(scores: list[Score]) -> str:
     return "HEADLINE (blind loss curves) " + " | ".join(parts)
 
 
+# ---------------------------------------------------------------- post-hoc probes
+
+
+def quiet_run(seed: int) -> Run:
+    """A WSD LLM run with 1% noise and no bumps or grad-only spikes, for the probes."""
+    rng = np.random.default_rng([seed, 7])
+    n = 4000
+    lr = wsd(n, 100, 600, sqrt_decay=False)
+    noise = Noise(rel=0.01, bump_p=0.0, gspike_p=0.0)
+    loss, g, ev = finish(rng, llm_trend(rng, lr), grad_base(rng, n, rise=1.3), noise)
+    return make_run("probe", seed, lr, loss, g, ev, 3e-4)
+
+
+def spike_found(run: Run, mode: str, at: int, within: int) -> bool:
+    return any(
+        a.kind == "loss_spike" and at <= a.step <= at + within and not a.resolves
+        for a in analyze(run, mode)
+    )
+
+
+def probe(seeds: int) -> list[str]:
+    """Added after the first scoring run, to describe what the scored runs showed: (1) how
+    large a one-step bump must be to raise loss_spike, by mode and grad-norm factor; (2)
+    whether a loss_spike raised for a bump hides a real spike `d` steps later."""
+    lines = [
+        "Probe 1: one-step loss bump at step 2000 of a quiet WSD run (1% noise); share of "
+        f"{seeds} seeds with loss_spike within 2 steps"
+    ]
+    lines.append(f"{'bump':>6}  loss-only  full g x1  full g x2  full g x5")
+    for size in (0.05, 0.08, 0.10, 0.15, 0.20, 0.30, 0.50):
+        cells = []
+        for mode, gx in (("loss-only", 1), ("full", 1), ("full", 2), ("full", 5)):
+            hits = 0
+            for seed in range(seeds):
+                run = quiet_run(seed)
+                run.loss[2000] *= 1 + size
+                run.grad_norm[2000] *= gx
+                hits += spike_found(run, mode, 2000, 2)
+            cells.append(f"{hits}/{seeds}")
+        lines.append(f"{size:>6.0%}  " + "  ".join(f"{c:>9}" for c in cells))
+    lines += [
+        "",
+        "Probe 2: a +10% bump (grad x2.5) d steps before an Adam spike (x2 over 2 steps, "
+        f"grad x30, back in ~100); share of {seeds} seeds with loss_spike within 25 steps "
+        "of the spike (full mode; the bump's own alert not counted)",
+    ]
+    t = np.arange(4000)
+    for d in (0, 10, 25, 40, 50, 60, 100):
+        hits = flagged = 0
+        for seed in range(seeds):
+            run = quiet_run(seed)
+            run.loss *= 1 + spike_shape(t, 2500, 2, 1.0, 10, 30)
+            run.grad_norm *= 1 + spike_shape(t, 2500, 2, 29, 5, 5)
+            if d:
+                run.loss[2500 - d] *= 1.10
+                run.grad_norm[2500 - d] *= 2.5
+                flagged += spike_found(run, "full", 2500 - d, 2)
+            hits += spike_found(run, "full", 2500, 25)
+        bump = f"the bump raised loss_spike in {flagged}/{seeds}" if d else "no bump"
+        lines.append(f"  d = {d:>3}: spike found in {hits}/{seeds} ({bump})")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=10)
@@ -783,9 +914,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="compare the CLI and the in-process alerts on N runs, then stop",
     )
+    p.add_argument("--probe", action="store_true", help="run the post-hoc probes, then stop")
     args = p.parse_args(argv)
     if args.cli_check:
         return cli_check(args.cli_check)
+    if args.probe:
+        text = "\n".join(probe(args.seeds)) + "\n"
+        sys.stdout.write(text)
+        if args.out:
+            args.out.write_text(text)
+        return 0
     scores = [
         score(build(fam, seed), mode)
         for fam in args.families.split(",")
@@ -796,9 +934,16 @@ def main(argv: list[str] | None = None) -> int:
         f"bench/loss_curves_blind.py --seeds {args.seeds}: {len(scores) // 2} runs, each "
         "scored with grad_norm+lr (full) and with the loss alone (loss-only); default settings",
         "found = an alert of an expected kind within [onset, onset + window]; latency in steps; "
-        "false = every alert of a clean run and every alert before a fault's onset",
+        "false = every alert of a clean run and every alert before a fault's onset; any = runs "
+        "with an alert of any kind in the window",
         "",
         *family_table(scores),
+        "",
+        "Faulty runs (latency in steps from the onset):",
+        *faulty_lines(scores),
+        "",
+        "False alerts by the benign event they answered:",
+        *cause_table(scores),
         "",
         *details(scores),
         "",
