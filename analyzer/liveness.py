@@ -25,7 +25,10 @@ Who is named:
   else those not waiting in a collective while the others are; else the whole job paused,
   and in which phase.
 Both resolve when a step completes again. A run that ends (a heartbeat with phase "ended",
-which Monitor.close sends, or a `run_end` event) never alarms.
+which Monitor.close sends, or a `run_end` event) never alarms. Nor does a job the supervisor
+stops (an `action:stop` event, before it stops the ranks): the ranks heard before a run's
+end, and those that say goodbye after it, end with it, so a relaunch on fewer nodes does not
+find the fenced node's ranks lost.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ from .alerts import RESOLVED, Alert
 from .runinfo import rank_on
 
 RANK_LOST, HANG = "rank_lost", "hang"
+RUN_END = "the run reported its end"
+STOPPED = "the supervisor stopped the job"
+# The event the supervisor sends before it stops a job (supervisor/agent.py): the ranks'
+# silence that follows is its own doing.
+STOP_EVENT = "action:stop"
 
 
 @dataclass(frozen=True)
@@ -108,11 +116,16 @@ class _Run:
     progress_s: float = math.nan  # when that was first heard (NaN: no progress yet)
     per_step_s: deque = field(default_factory=deque)  # recent seconds per completed step
     ended: bool = False
+    stopped: bool = False  # ended by the supervisor: only a new process resumes it
+    # A new process (a relaunch, a restart) has not completed a step yet: its start-up
+    # (checkpoint load, compilation) is judged like the run's first step (first_step_s).
+    starting: bool = False
     lost: Alert | None = None  # the open rank_lost episode
     hang: Alert | None = None  # the open hang episode
     # Step of each kind's last alert row: the store keeps one row per kind and step.
     row_steps: dict[str, int] = field(default_factory=dict)
-    pending: list[tuple[float, int, tuple]] = field(default_factory=list)  # not processed yet
+    # (received, arrival order, a heartbeat's fields or why the run ended): not processed yet
+    pending: list[tuple[float, int, tuple | str]] = field(default_factory=list)
 
 
 @dataclass
@@ -136,11 +149,13 @@ class Watchdog:
             item = (rank, host, started, finished, phase)
             run.pending.append((received_s, self._order, item))
 
-    def end_run(self, run_id: str, time_unix_s: float) -> None:
-        """The run reported a clean end (`run_end` event) at `time_unix_s`."""
+    def end_run(self, run_id: str, time_unix_s: float, why: str = RUN_END) -> None:
+        """The run ended at `time_unix_s`: it reported a clean end (a `run_end` event), or
+        the supervisor stopped it (`why` STOPPED: an `action:stop` event; it may relaunch
+        the job, which resumes the watch)."""
         if run_id in self._runs:
             self._order += 1
-            self._runs[run_id].pending.append((time_unix_s, self._order, ()))
+            self._runs[run_id].pending.append((time_unix_s, self._order, why))
 
     def restore(
         self, run_id: str, heartbeats: Any, now_s: float, last_alerts: Sequence[Alert] = ()
@@ -206,10 +221,10 @@ class Watchdog:
                 alerts += self._fire(run_id, run, received_s)
                 if self._forgettable(run, received_s):  # back after forget_s: a fresh start
                     run = self._runs[run_id] = self._fresh(received_s, run.pending)
-                if item:
-                    alerts += self._heard(run_id, run, received_s, *item)
+                if isinstance(item, str):  # an end, and why
+                    alerts += self._end(run_id, run, received_s, item)
                 else:
-                    alerts += self._end(run_id, run, received_s, "the run reported its end")
+                    alerts += self._heard(run_id, run, received_s, *item)
             alerts += self._fire(run_id, run, now_s, inclusive=True)
             if not run.pending and self._forgettable(run, now_s):
                 del self._runs[run_id]
@@ -255,14 +270,25 @@ class Watchdog:
             # heartbeat ends at its last step, not where the heartbeats last saw it.
             run.progress_step = max(run.progress_step, finished)
             return self._end(run_id, run, t, f"rank {rank} closed its monitor: the run ended")
-        if run.ended and phase != "exited":
+        # A new process (a relaunch, a restart): its steps go back, or it attached anew.
+        new_process = (
+            old is None
+            or finished < old.finished
+            or started < old.started
+            or (phase == "idle" and old.phase != "idle")
+        )
+        if run.ended and (phase == "exited" or (run.stopped and not new_process)):
+            # A goodbye after the end, or a heartbeat of a stopped launch still on its way:
+            # the rank ended with the run.
+            run.ranks[rank].gone = True
+            return []
+        if run.ended:
             run.ended = False  # a rank at work after the end: the run was resumed
         if old is None:
             run.progress_step = max(run.progress_step, finished)  # joined mid-run: no progress
             return []
-        if finished < old.finished or started < old.started:
-            # A new process (a restart from a checkpoint): its steps are the job's from now.
-            run.progress_step, run.progress_s = finished, t
+        if new_process:  # its steps are the job's from now
+            run.progress_step, run.progress_s, run.starting = finished, t, True
             return []
         if finished > run.progress_step:
             return self._progress(run, t, finished)
@@ -270,9 +296,10 @@ class Watchdog:
 
     def _progress(self, run: _Run, t: float, step: int) -> list[Alert]:
         """A step completed: the typical step time learns from it; open episodes end."""
-        if run.hang is None and run.lost is None and run.progress_step >= 0:
+        fresh = run.hang is None and run.lost is None and not run.starting
+        if fresh and run.progress_step >= 0:
             run.per_step_s.append((t - run.progress_s) / (step - run.progress_step))
-        run.progress_step, run.progress_s = step, t
+        run.progress_step, run.progress_s, run.starting = step, t, False
         why = f"step {step} completed: progress resumed"
         out = [_resolve(run, e, step + 1, t, why) for e in (run.hang, run.lost) if e]
         run.hang = run.lost = None
@@ -284,16 +311,18 @@ class Watchdog:
     def _end(self, run_id: str, run: _Run, t: float, why: str) -> list[Alert]:
         if run.ended:
             return []
-        run.ended = True
+        run.ended, run.stopped = True, why == STOPPED
         out = [_resolve(run, e, run.progress_step + 1, t, why) for e in (run.hang, run.lost) if e]
         run.hang = run.lost = None
+        for r in run.ranks.values():
+            r.gone = True  # they ended with the run: a relaunch's ranks are heard afresh
         return out
 
     # ------------------------------------------------------------------ deadlines
 
     def hang_threshold_s(self, run: _Run) -> float:
         s = self.settings
-        if len(run.per_step_s) < s.min_history:
+        if run.starting or len(run.per_step_s) < s.min_history:
             return s.first_step_s
         return max(s.hang_intervals * statistics.median(run.per_step_s), s.hang_floor_s)
 
@@ -360,12 +389,16 @@ class Watchdog:
         threshold_s = self.hang_threshold_s(run)
         named, why = _attribute({k: r for k, r in run.ranks.items() if not r.gone})
         waited = at - run.progress_s
-        typical = (
-            f"{self.settings.hang_intervals:g}x the typical step time of "
-            f"{statistics.median(run.per_step_s):.3g} s, at least {self.settings.hang_floor_s:g} s"
-            if len(run.per_step_s) >= self.settings.min_history
-            else f"{threshold_s:g} s before the typical step time is known"
-        )
+        if run.starting:
+            typical = f"{threshold_s:g} s for a new process's first step"
+        elif len(run.per_step_s) < self.settings.min_history:
+            typical = f"{threshold_s:g} s before the typical step time is known"
+        else:
+            typical = (
+                f"{self.settings.hang_intervals:g}x the typical step time of "
+                f"{statistics.median(run.per_step_s):.3g} s, at least "
+                f"{self.settings.hang_floor_s:g} s"
+            )
         run.hang = Alert(
             run_id=run_id,
             step=_row_step(run, HANG, run.progress_step + 1),

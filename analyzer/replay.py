@@ -30,7 +30,7 @@ from .alerts import Alert
 from .config import AnalyzerConfig
 from .engine import Analyzer
 from .goodput import Goodput, stored_goodput
-from .liveness import HANG, RANK_LOST, LivenessSettings, Watchdog
+from .liveness import HANG, RANK_LOST, STOP_EVENT, STOPPED, LivenessSettings, Watchdog
 from .source import Window, analyze
 
 CHUNK_STEPS = 10_000  # steps per read: bounded memory on a run of any length
@@ -92,7 +92,9 @@ def replay_liveness(
     simulated clock over their receive times (alert times are deadlines, so this is what
     the live ticks raised). The clock stops where the collector is known to have been
     running: its last stored heartbeat or liveness alert, whichever is later; a deadline
-    after that was never reached live either. A store older than heartbeats has none."""
+    after that was never reached live either. A run ends at its first `run_end` event and
+    at each `action:stop` (the supervisor's), as live. A store older than heartbeats has
+    none."""
     have = con.sql(
         "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()"
     ).fetchall()
@@ -119,6 +121,12 @@ def replay_liveness(
         ).fetchall()
         if ended_s is not None:
             watchdog.end_run(run_id, ended_s)
+        stops = con.sql(
+            f"SELECT time_unix_s FROM events WHERE run_id = $1 AND kind = '{STOP_EVENT}'",
+            params=[run_id],
+        ).fetchall()
+        for (stopped_s,) in stops:
+            watchdog.end_run(run_id, stopped_s, STOPPED)
         yield from watchdog.advance(end_s)
 
 

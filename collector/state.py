@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from trainvitals.analyzer import Alert
 from trainvitals.analyzer.alerts import EPISODE_KINDS, RESOLVED
+from trainvitals.analyzer.liveness import STOP_EVENT
 from trainvitals.schema import STEPS
 
 from .store import Store, StoreError, damaged
@@ -90,6 +91,9 @@ class LiveState:
         self._lock = threading.Lock()
         self.runs: dict[str, RunState] = {}
         self.stats = CollectorStats()
+        # (run, time) of each `action:stop` event stored since start-up, in commit order:
+        # the supervisor stopping a job, which the liveness watchdog reads (watchdog.py).
+        self.stops: list[tuple[str, float]] = []
 
     def update(self, run_id: str, tables: dict[str, Any]) -> None:
         """Fold the rows a commit added to the store into their run's latest values.
@@ -108,6 +112,8 @@ class LiveState:
         if events is not None and events.num_rows:
             ends = events.filter(pc.equal(events.column("kind"), "run_end"))
             end = pc.max(ends.column("time_unix_s")).as_py() if ends.num_rows else None
+            stops = events.filter(pc.equal(events.column("kind"), STOP_EVENT))
+            self.stops += [(run_id, t) for t in stops.column("time_unix_s").to_pylist()]
         with self._lock:
             run = self.runs.setdefault(run_id, RunState())
             if last is not None and last["step"] >= run.latest.get("step", -1):

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trainvitals.analyzer.alerts import Alert
-from trainvitals.analyzer.liveness import HANG, RANK_LOST, LivenessSettings, Watchdog
+from trainvitals.analyzer.liveness import HANG, RANK_LOST, STOPPED, LivenessSettings, Watchdog
 from trainvitals.schema import HEARTBEATS
 
 from .analysis import AlertLog
@@ -79,6 +79,7 @@ class LiveWatchdog:
         self._unstored: dict[str, list[pa.Table]] = {}  # by run, for the next store write
         self._unstored_rows = 0
         self._ended: set[str] = set()  # runs whose run_end event the watchdog was told of
+        self._stops_told = 0  # LiveState.stops the watchdog was told of
         self._last_received_s = -math.inf  # the latest heartbeat's receive time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -195,13 +196,18 @@ class LiveWatchdog:
         return alerts
 
     def _tell_run_ends(self) -> None:
-        """A run_end event the writer saw (LiveState) ends that run here too, at its time."""
+        """A run_end event the writer saw (LiveState) ends that run here too, at its time;
+        so does each `action:stop` event (the supervisor stopping the job)."""
         for run_id in self.watchdog.open_runs():
             run = self.live.runs.get(run_id)  # a dict read: atomic, no lock needed
             ended_s = None if run is None else run.ended_unix_s
             if ended_s is not None and run_id not in self._ended:
                 self._ended.add(run_id)
                 self.watchdog.end_run(run_id, ended_s)
+        stops = self.live.stops[self._stops_told :]  # appended by the writer: a slice is whole
+        self._stops_told += len(stops)
+        for run_id, stopped_s in stops:
+            self.watchdog.end_run(run_id, stopped_s, STOPPED)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.tick_s):

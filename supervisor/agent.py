@@ -8,7 +8,9 @@
 
 Events (kinds), all at the run's step where it happened: `action:observe:<alert kind>`
 (what the policy recommends), `action:refused` (an action the limits or the fence list
-refused, and why), `action:rerun` (a loss spike's or NaN's step re-run from the checkpoint
+refused, and why), `action:stop` (the job stopped to act: sent before the ranks are
+stopped, so the collector's watchdog does not take their silence for lost ranks),
+`action:rerun` (a loss spike's or NaN's step re-run from the checkpoint
 before it: the stored and re-run losses, data or hardware), `action:fence` (node, rank,
 why), `action:rollback` (from step, to checkpoint, steps to redo, data skipped),
 `action:relaunch` (nodes, seconds stopped); the relaunched trainer's own `restart` event
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from trainvitals.analyzer.liveness import STOP_EVENT
 from trainvitals.trainer import checkpoint
 
 from .actions import Limiter, Plan, classify, plan
@@ -75,6 +78,7 @@ class Supervisor:
         self.seen: set[tuple] = set()
         self.refused: set[tuple] = set()
         self.agents: Agents | None = None
+        self.stop_step = -1  # step of the last `action:stop` event (events are keyed by step)
 
     # ------------------------------------------------------------------ the loop
 
@@ -224,6 +228,7 @@ class Supervisor:
         self.log(f"act on {a.kind} at step {a.step} (rank {a.rank}): {p.describe()}")
         self.limiter.record()
         launch.stop_began_unix_s = self.clock()
+        self._say_stopping(p, launch)
         self.agents.stop()
         launch.stopped_unix_s = self.clock()
         reached = self._progress()
@@ -271,6 +276,16 @@ class Supervisor:
         relaunch = {"nodes": self.launches[-1].nodes, "stopped_s": stopped_s}
         relaunch["alert_to_relaunch_s"] = self.clock() - a.time_unix_s
         self.collector.event("action:relaunch", reached, -1, relaunch)
+
+    def _say_stopping(self, p: Plan, launch: Launch) -> None:
+        """The `action:stop` event, stored before the ranks are stopped: the collector's
+        liveness watchdog takes their silence as this stop, not as ranks lost (which a
+        relaunch on fewer nodes would leave the fenced node's ranks). Not sent when the job
+        failed on its own (`_after_failure`): the alert naming the culprit must come."""
+        self.stop_step = max(self._progress(), self.stop_step + 1)  # one row per stop
+        why = f"{p.alert.kind} at step {p.alert.step}: {p.describe()}"
+        detail = {"why": why, "nodes": launch.nodes, "launch": launch.generation}
+        self.collector.event(STOP_EVENT, self.stop_step, -1, detail)
 
     def _resume_step_after(self, p: Plan) -> int:
         """The step a rollback to `p` resumes at (before moving anything)."""

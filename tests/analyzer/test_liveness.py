@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from trainvitals.analyzer.alerts import Alert
-from trainvitals.analyzer.liveness import LivenessSettings, Watchdog
+from trainvitals.analyzer.liveness import STOPPED, LivenessSettings, Watchdog
 from trainvitals.schema import heartbeats_to_arrow
 
 STEP_S = 0.1  # the simulated job's step time
@@ -36,14 +36,20 @@ def heartbeats(state: State, ranks: int, until_s: float) -> list[tuple[float, in
 
 
 def feed(
-    beats: list[tuple[float, int, tuple]], tick_s: float | None, until_s: float, **settings
+    beats: list[tuple[float, int, tuple]],
+    tick_s: float | None,
+    until_s: float,
+    stops: tuple[float, ...] = (),
+    **settings,
 ) -> list:
-    """Alerts of a watchdog fed `beats`: live-like (one advance every `tick_s`, each beat
-    delivered when received) or in one pass (tick_s None, as replay does)."""
+    """Alerts of a watchdog fed `beats` (and the supervisor's `stops`, at their times):
+    live-like (one advance every `tick_s`, each beat and stop delivered when received) or
+    in one pass (tick_s None, as replay does)."""
     dog = Watchdog(LivenessSettings(**settings))
     alerts = []
     ticks = [until_s] if tick_s is None else [i * tick_s for i in range(int(until_s / tick_s) + 1)]
     i = 0
+    stops_left = sorted(stops)
     for now in ticks:
         while i < len(beats) and beats[i][0] <= now:
             t, rank, (started, finished, phase) = beats[i]
@@ -61,6 +67,8 @@ def feed(
             }
             dog.observe(*heartbeats_to_arrow(doc, t))
             i += 1
+        while stops_left and stops_left[0] <= now:  # after the beats: the run is known
+            dog.end_run("r1", stops_left.pop(0), STOPPED)
         alerts += dog.advance(now)
     return alerts
 
@@ -173,6 +181,61 @@ def test_a_run_end_event_ends_the_run() -> None:
         )
     dog.end_run("r", 50.0)
     assert dog.advance(500) == []
+
+
+def relaunched(crash_s: float | None = None):
+    """A job of 4 ranks on 2 nodes that the supervisor stops at 60 s (the ranks say goodbye
+    on its SIGTERM, within 0.5 s) and relaunches at 64 s on node0 alone, from a checkpoint
+    300 steps back; its rank 1 crashes at `crash_s`, and rank 0 is torn down 2 s later."""
+
+    def state(rank: int, t: float):
+        if 60 < t < 64 or (t >= 64 and rank >= 2):
+            return None
+        if crash_s is not None and t > crash_s + (2 if rank == 0 else 0):  # rank 0 torn down
+            return None
+        return running(rank, t if t <= 60 else t - 30)
+
+    beats = heartbeats(state, 4, 200) + [
+        (60.1 + 0.1 * r, r, (600, 599, "exited")) for r in range(4)
+    ]
+    return sorted(beats)
+
+
+@pytest.mark.parametrize("tick_s", [0.5, None])
+@pytest.mark.parametrize("stop_s", [60.0, 59.5])  # 59.5: heartbeats sent before it come after
+def test_a_supervisor_stop_and_relaunch_on_fewer_nodes_raises_nothing(tick_s, stop_s) -> None:
+    # Without the stop, node1's ranks 2 and 3, never heard again, would be lost.
+    assert kinds(feed(relaunched(), 0.5, 200)) == [
+        ("rank_lost", "critical", 2),
+        ("rank_lost", "resolved", 2),
+    ]
+    assert feed(relaunched(), tick_s, 200, stops=(stop_s,)) == []
+
+
+def test_a_relaunch_slower_to_start_than_the_hang_floor_is_no_hang() -> None:
+    # The relaunched processes load their checkpoint for 50 s ("idle", at the resume step)
+    # before their first step: start-up, judged like a first step (first_step_s).
+    def slow(rank: int, t: float):
+        if 60 < t < 64 or (t >= 64 and rank >= 2):
+            return None
+        if 64 <= t < 114:
+            return 299, 299, "idle"
+        return running(rank, t if t <= 60 else t - 80)
+
+    beats = sorted(
+        heartbeats(slow, 4, 250) + [(60.1 + 0.1 * r, r, (600, 599, "exited")) for r in range(4)]
+    )
+    assert feed(beats, 0.5, 250, stops=(60.0,)) == []
+    # A start-up longer than first_step_s is a hang, and said to be one.
+    (hang, resolve) = feed(beats, 0.5, 250, stops=(60.0,), first_step_s=40.0)
+    assert hang.time_unix_s == pytest.approx(64.3 + 40.0)  # the last relaunched, + first_step_s
+    assert "40 s for a new process's first step" in hang.message and resolve.resolves
+
+
+def test_a_crash_after_a_relaunch_is_named() -> None:
+    alerts = feed(relaunched(crash_s=120.0), 0.5, 200, stops=(60.0,))
+    assert kinds(alerts) == [("rank_lost", "critical", 1)]
+    assert feed(relaunched(crash_s=120.0), None, 200, stops=(60.0,)) == alerts
 
 
 def test_live_ticks_and_one_replay_pass_raise_the_same_alerts() -> None:

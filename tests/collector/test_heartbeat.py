@@ -213,3 +213,43 @@ def test_a_stop_judges_the_heartbeats_of_its_last_second(settings) -> None:
     ]
     assert live[1]["time_unix_s"] == t0 + 12.5 and "the run ended" in live[1]["message"]
     assert sorted(map(comparable, replayed)) == sorted(map(comparable, live))
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_a_supervisor_stop_ends_the_run_live_and_in_replay(settings, stop) -> None:
+    """The supervisor's `action:stop` event, posted to ingest before it stops the ranks:
+    node1's ranks 2 and 3, fenced and never heard again, are not lost when the job is
+    relaunched on node0 (without the event they are), and replay agrees."""
+    from fastapi.testclient import TestClient
+
+    from trainvitals.analyzer.replay import comparable, replay_liveness
+    from trainvitals.collector.main import create_app
+    from trainvitals.schema import BatchBuilder
+
+    t0 = 1_700_000_000.0
+    now = [t0]
+    with TestClient(create_app(settings, watchdog_clock=lambda: now[0])) as client:
+        watchdog = client.app.state.watchdog
+        for k in range(11):  # 4 ranks finish a step a second until the stop at t0 + 10.5
+            now[0] = t0 + k
+            watchdog.observe("a", _beats("a", [0, 1, 2, 3], 100 + k, now[0]))
+            watchdog.tick()
+        if stop:
+            b = BatchBuilder("a")
+            event = {"kind": "action:stop", "detail": "{}", "time_unix_s": t0 + 10.5}
+            b.append("events", step=110, rank=-1, **event)
+            headers = {"Content-Type": "application/json"}
+            r = client.post("/api/v1/ingest", content=b.to_json(), headers=headers)
+            assert r.is_success, r.text
+            client.app.state.store.flush()
+        watchdog.observe("a", _beats("a", [0, 1, 2, 3], 110, t0 + 10.8, phase="exited"))
+        for k in range(14, 40):  # relaunched on node0 from the checkpoint of step 104
+            now[0] = t0 + k
+            watchdog.observe("a", _beats("a", [0, 1], 104 + k - 14, now[0]))
+            watchdog.tick()
+    with duckdb.connect(settings.store_path, read_only=True) as con:
+        live = con.sql("SELECT * FROM alerts ORDER BY time_unix_s").to_arrow_table().to_pylist()
+        replayed = [a.to_dict() for a in replay_liveness(con)]
+    expected = [] if stop else [("rank_lost", "critical", 2), ("rank_lost", "resolved", 2)]
+    assert [(a["kind"], a["severity"], a["rank"]) for a in live] == expected
+    assert sorted(map(comparable, replayed)) == sorted(map(comparable, live))

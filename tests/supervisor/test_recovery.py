@@ -119,6 +119,11 @@ def test_sdc_on_a_node_fences_it_rolls_back_and_resumes_on_the_other(
     assert "step-00000019" in set_aside and "step-00000014" not in set_aside
     (relaunch,) = ev["action:relaunch"]
     assert relaunch["detail"]["nodes"] == ["node0"]
+    (stop,) = ev["action:stop"]  # before the ranks were stopped
+    assert stop["detail"]["nodes"] == ["node0", "node1"] and stop["detail"]["launch"] == 0
+    # node1's ranks, fenced, are never heard again: the stop's doing, not lost ranks.
+    alerts = httpx.get(f"{collector.url}/api/v1/runs/sup-sdc/alerts").json()
+    assert not [a for a in alerts if a["kind"] in ("rank_lost", "hang")], alerts
     (restart,) = ev["restart"]
     assert restart["step"] == 15 and restart["detail"]["resumed_from_step"] == 14
     assert [e["step"] for e in ev["run_end"]] == [30]  # it reached its last step
