@@ -905,6 +905,7 @@ def probe(seeds: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds from this one on")
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--out", type=Path, help="also write the report here")
     p.add_argument(
@@ -927,11 +928,14 @@ def main(argv: list[str] | None = None) -> int:
     scores = [
         score(build(fam, seed), mode)
         for fam in args.families.split(",")
-        for seed in range(args.seeds)
+        for seed in range(args.first_seed, args.first_seed + args.seeds)
         for mode in MODES
     ]
+    seeds = f"--seeds {args.seeds}" + (
+        f" --first-seed {args.first_seed}" if args.first_seed else ""
+    )
     lines = [
-        f"bench/loss_curves_blind.py --seeds {args.seeds}: {len(scores) // 2} runs, each "
+        f"bench/loss_curves_blind.py {seeds}: {len(scores) // 2} runs, each "
         "scored with grad_norm+lr (full) and with the loss alone (loss-only); default settings",
         "found = an alert of an expected kind within [onset, onset + window]; latency in steps; "
         "false = every alert of a clean run and every alert before a fault's onset; any = runs "

@@ -83,7 +83,9 @@ def test_the_gradient_norm_jump_is_judged_against_its_own_noise() -> None:
             assert [a.step for a in alerts] in ([], [400])
             hits += len(alerts)
         found[grad_noise] = hits
-    assert found == {0.05: 10, 0.5: 0}
+    # (2 of the 10 quiet ones measure under `joint_min_rise_ratio`, 10%, over a level
+    # that sits high by chance.)
+    assert found == {0.05: 8, 0.5: 0}
 
 
 def test_a_gradient_norm_jump_without_a_loss_rise_is_no_loss_spike() -> None:
@@ -212,4 +214,20 @@ def test_small_spikes_on_a_noisy_gradient_norm_are_found_more_often() -> None:
         now, before = _spike_steps(loss, grad), _spike_steps(loss, grad, **BEFORE)
         assert set(now) <= {400} and set(before) <= {400}
         found, found_before = found + len(now), found_before + len(before)
-    assert (found, found_before) == (27, 22)
+    assert (found, found_before) == (26, 21)  # (27, 22) with a 7% floor on the loss's rise
+
+
+def test_a_large_spike_in_a_small_alerts_quiet_is_raised() -> None:
+    # A +15% hard batch with the gradient norm 3x is alerted (the joint rule); an Adam
+    # spike 2x, 10 steps later, came in that alert's quiet and went unflagged, in the blind
+    # loss-curve families. A spike the loss alone makes, twice the rise, is a new episode;
+    # the steps of its decay (smaller) raise nothing more.
+    for seed in range(5):
+        loss, grad = _series(600, seed, 0.02, 0.05)
+        level = sorted(grad[390:400])[5]
+        loss[400] *= 1.15
+        grad[400] = 3.0 * level
+        for k, factor in enumerate((2.0, 1.8, 1.5, 1.3)):
+            loss[410 + k] *= factor
+            grad[410 + k] = 30 * level
+        assert [a.step for a in _spikes(loss, grad)] == [400, 410]
