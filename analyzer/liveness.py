@@ -103,6 +103,7 @@ class _Rank:
     finished: int  # last step finished
     phase: str
     gone: bool = False  # silent past silence_s: lost (or ended with its run)
+    restored: bool = False  # known from the store at a collector's restart, not heard since
 
 
 @dataclass
@@ -189,6 +190,7 @@ class Watchdog:
             if r.heard_s < last_s - self.settings.silence_s:
                 r.gone = True
             elif not r.gone:
+                r.restored = True
                 heapq.heappush(run.deadlines, (now_s + self.settings.silence_s, rank, r.heard_s))
         if not math.isnan(run.progress_s):
             run.progress_s = max(run.progress_s, now_s)
@@ -363,25 +365,45 @@ class Watchdog:
         r.gone = True
         if run.ended or run.lost is not None or r.phase == "ended":
             return []  # a run or rank that ended; or torchrun tearing down the others
-        how = (
-            "said it was exiting without closing its monitor (an exception)"
-            if r.phase == "exited"
-            else "stopped sending heartbeats: a crash, a kill or a lost node"
-        )
+        where = f"at step {r.started} (last finished {r.finished}, phase {r.phase})"
+        named: int | None = rank
+        if not r.restored:
+            how = (
+                "said it was exiting without closing its monitor (an exception)"
+                if r.phase == "exited"
+                else "stopped sending heartbeats: a crash, a kill, a lost node or a frozen process"
+            )
+            message = (
+                f"{rank_on(rank, r.host)} {how}; last heard {at - r.heard_s:.0f} s before this "
+                f"alert, {where}. The first rank of the run to go silent: ranks that go silent "
+                "after it are most likely torn down because of it"
+            )
+        elif any(not x.gone and not x.restored for x in run.ranks.values()):
+            message = (
+                f"{rank_on(rank, r.host)} has not been heard since the collector restarted, "
+                f"{self.settings.silence_s:g} s before this alert, while other ranks of the run "
+                f"have: it was lost while the collector was down. Last heard "
+                f"{at - r.heard_s:.0f} s before this alert, {where}"
+            )
+        else:  # nobody heard since the restart: who went first is not known
+            named = None
+            message = (
+                f"no rank of the run has been heard since the collector restarted, "
+                f"{self.settings.silence_s:g} s before this alert: the run ended, crashed or "
+                "lost its nodes while the collector was down, or cannot reach it now; which, "
+                f"the collector cannot tell (what the ranks could not send waits in their "
+                f"spools: `trainvitals import`). Last heard before the restart: "
+                f"{rank_on(rank, r.host)}, {at - r.heard_s:.0f} s before this alert, {where}"
+            )
         run.lost = Alert(
             run_id=run_id,
             step=_row_step(run, RANK_LOST, run.progress_step + 1),
             kind=RANK_LOST,
             severity="critical",
-            message=(
-                f"{rank_on(rank, r.host)} {how}; last heard {self.settings.silence_s:g} s "
-                f"before this alert, at step {r.started} (last finished {r.finished}, phase "
-                f"{r.phase}). The first rank of the run to go silent: ranks that go silent "
-                "after it are most likely torn down because of it"
-            ),
+            message=message,
             time_unix_s=at,
-            value=self.settings.silence_s,
-            rank=rank,
+            value=at - r.heard_s,
+            rank=named,
         )
         return [run.lost]
 

@@ -142,9 +142,10 @@ def _beats(run_id: str, ranks: list[int], finished: int, received_s: float, phas
 def test_a_restarted_collector_rebuilds_the_watchdog_from_the_stored_heartbeats(
     settings,
 ) -> None:
-    # Two runs of 3 ranks finish a step every 5 s until t0 + 50, when the collector stops.
+    # Three runs of 3 ranks finish a step every 5 s until t0 + 50, when the collector stops.
     # It starts again at t0 + 1000 on the same store. In run a, rank 2 crashed while it was
-    # down; in run b every rank is alive but no step completes any more. Without the
+    # down; in run b every rank is alive but no step completes any more; run c is never
+    # heard again. Without the
     # stored state the new watchdog never heard of rank 2 (it would never be named) and
     # would wait first_step_s (600 s) for a hang; rebuilt, it names rank 2 and raises the
     # hang at 10 x the 5 s learned before the restart.
@@ -159,14 +160,14 @@ def test_a_restarted_collector_rebuilds_the_watchdog_from_the_stored_heartbeats(
         watchdog = client.app.state.watchdog
         for k in range(11):
             now[0] = t0 + 5 * k
-            for run_id in ("a", "b"):
+            for run_id in ("a", "b", "c"):
                 watchdog.observe(run_id, _beats(run_id, [0, 1, 2], k, now[0]))
             watchdog.tick()
         assert client.app.state.store.query("SELECT * FROM alerts").num_rows == 0
     now[0] = t0 + 1000
     with TestClient(create_app(settings, watchdog_clock=clock)) as client:
         watchdog = client.app.state.watchdog
-        assert sorted(watchdog.watchdog.open_runs()) == ["a", "b"]
+        assert sorted(watchdog.watchdog.open_runs()) == ["a", "b", "c"]
         assert watchdog.tick() == []  # the downtime is nobody's silence
         for k in range(1, 13):  # heartbeats go on, no step completes
             now[0] = t0 + 1000 + 5 * k
@@ -174,11 +175,17 @@ def test_a_restarted_collector_rebuilds_the_watchdog_from_the_stored_heartbeats(
             watchdog.observe("b", _beats("b", [0, 1, 2], 10, now[0]))
             watchdog.tick()
         alerts = client.app.state.store.query(
-            "SELECT run_id, kind, rank, baseline, time_unix_s FROM alerts ORDER BY run_id"
+            "SELECT run_id, kind, rank, baseline, time_unix_s, message FROM alerts ORDER BY run_id"
         ).to_pylist()
-    (lost, hang) = alerts
+    (lost, hang, unknown) = alerts
     assert (lost["run_id"], lost["kind"], lost["rank"]) == ("a", "rank_lost", 2)
     assert lost["time_unix_s"] == t0 + 1000 + 10  # silence_s after the restart
+    assert "while other ranks of the run have" in lost["message"]
+    assert "last heard 960 s before" in lost["message"].lower()  # at t0 + 50, not 10 s
+    # Run c ended, or died, while the collector was down: nobody is heard again, and who
+    # went silent first is not known (they all share the restart's deadline).
+    assert (unknown["run_id"], unknown["kind"], unknown["rank"]) == ("c", "rank_lost", None)
+    assert "no rank of the run has been heard since the collector restarted" in (unknown["message"])
     assert (hang["run_id"], hang["kind"]) == ("b", "hang")
     assert hang["baseline"] == 50.0  # 10 x the 5 s per step learned before the restart
     assert hang["time_unix_s"] == t0 + 1000 + 50
