@@ -376,7 +376,7 @@ class Watchdog:
             message = (
                 f"{rank_on(rank, r.host)} {how}; last heard {at - r.heard_s:.0f} s before this "
                 f"alert, {where}. The first rank of the run to go silent: ranks that go silent "
-                "after it are most likely torn down because of it"
+                f"after it are most likely torn down because of it{self._with_it(run, at)}"
             )
         elif any(not x.gone and not x.restored for x in run.ranks.values()):
             message = (
@@ -406,6 +406,22 @@ class Watchdog:
             rank=named,
         )
         return [run.lost]
+
+    def _with_it(self, run: _Run, at: float) -> str:
+        """Said when other ranks have not been heard for half the silence either: if they
+        all went silent at once (a whole node or job killed), which comes first is chance."""
+        quiet = [
+            k
+            for k, x in run.ranks.items()
+            if not x.gone and x.phase != "exited" and at - x.heard_s > self.settings.silence_s / 2
+        ]
+        if not quiet:
+            return ""
+        return (
+            f"; {len(quiet)} other rank(s) have not been heard for over "
+            f"{self.settings.silence_s / 2:g} s either: if they went silent with it (a node or "
+            "the whole job lost), which one comes first is chance"
+        )
 
     def _hang(self, run_id: str, run: _Run, at: float) -> Alert:
         threshold_s = self.hang_threshold_s(run)

@@ -98,6 +98,15 @@ def test_the_crashed_rank_is_named_even_when_the_others_say_goodbye_first() -> N
     beats += [(40.9 + 0.1 * r, r, (400, 399, "exited")) for r in (0, 2, 3)]
     alerts = feed(sorted(beats), 0.5, 90)
     assert kinds(alerts) == [("rank_lost", "critical", 1)]
+    assert "other rank(s) have not been heard" not in alerts[0].message  # they said goodbye
+
+
+def test_ranks_silent_together_are_said_to_be() -> None:
+    # A whole job killed at once (kill -9 of every rank, a node lost): all go silent at
+    # 60 s without a goodbye, and which one is named first is chance; the alert says so.
+    alerts = feed(heartbeats(lambda r, t: running(r, t) if t <= 60 else None, 4, 120), 0.5, 120)
+    assert kinds(alerts) == [("rank_lost", "critical", 1)]  # heard last the longest ago
+    assert "3 other rank(s) have not been heard for over 5 s either" in alerts[0].message
 
 
 def test_a_hang_names_the_rank_the_others_wait_for_and_resolves() -> None:
