@@ -280,8 +280,8 @@ class Run:
         return [s for s in rows if s.alert["kind"] == kind and s.alert["severity"] == "resolved"]
 
     def rank_rows(self) -> list[dict]:
-        """One row per (logged step, rank): step, compute, wait times."""
-        metrics = ("step_time_s", "compute_time_s", "wait_time_s")
+        """One row per (logged step, rank): step, compute, wait and collective times."""
+        metrics = ("step_time_s", "compute_time_s", "wait_time_s", *COLLECTIVE_TIMES)
         grid = get(f"{self.base}/ranks/grid", metric=list(metrics), agg="mean", max_steps=10_000)
         if not grid:
             return []
@@ -446,9 +446,15 @@ def duty_cycle(pid: int, stopped_ms: int, stop: threading.Event) -> None:
         signal_pid(pid, signal.SIGCONT)
 
 
+# FSDP's collectives, host-timed on gloo, waiting for the slowest peer included
+# (hooks/comms.py): the rank the others wait for should spend the least time in them.
+COLLECTIVE_TIMES = ("all_gather_time_s", "reduce_scatter_time_s")
+
+
 def slowdown(rows: list[dict], rank: int, start: int, end: int) -> list[str]:
-    """Step, compute and wait times of the faulty rank and the others, before the fault
-    (the 100 steps before it, the first 30 steps of the run left out) and during."""
+    """Step, compute, wait and collective times of the faulty rank and the others, before
+    the fault (the 100 steps before it, the first 30 steps of the run left out) and
+    during."""
     before = (max(30, start - 100), start)
     windows = {"before": before, "during": (start + LOG_EVERY, end)}
     out, means = [], {}
@@ -456,14 +462,15 @@ def slowdown(rows: list[dict], rank: int, start: int, end: int) -> list[str]:
         for who, pick in ((f"rank {rank}", lambda r: r == rank), ("others", lambda r: r != rank)):
             sel = [r for r in rows if lo <= r["step"] < hi and pick(r["rank"])]
             vals = {}
-            for m in ("step_time_s", "compute_time_s", "wait_time_s"):
+            for m in ("step_time_s", "compute_time_s", "wait_time_s", *COLLECTIVE_TIMES):
                 xs = [r[f"mean_{m}"] for r in sel if r.get(f"mean_{m}") is not None]
                 vals[m] = statistics.fmean(xs) if xs else float("nan")
             means[label, who] = vals
+            collectives = sum(vals[m] for m in COLLECTIVE_TIMES)
             out.append(
                 f"{label} (steps {lo}-{hi - 1}) {who}: step {vals['step_time_s'] * 1e3:.0f} ms, "
                 f"compute (CPU) {vals['compute_time_s'] * 1e3:.0f} ms, wait "
-                f"{vals['wait_time_s'] * 1e3:.0f} ms"
+                f"{vals['wait_time_s'] * 1e3:.0f} ms, in collectives {collectives * 1e3:.0f} ms"
             )
     job = means["during", "others"]["step_time_s"] / means["before", "others"]["step_time_s"]
     own_b = means["before", f"rank {rank}"]
