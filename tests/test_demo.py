@@ -24,6 +24,13 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C's default, as a terminal's shell gives it: a test run started in the
+    background of a script (`cmd &`, no job control) ignores SIGINT, and so would the demo
+    (Python then leaves it ignored). Seen once, from how a CI run was launched."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_demo_runs_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     store = tmp_path / "demo.duckdb"
     cport, dport = free_port(), free_port()
@@ -31,6 +38,7 @@ def test_demo_runs_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> None
         [sys.executable, "-m", "trainvitals", "demo", "--store", str(store), "--steps", "400",
          "--collector-port", str(cport), "--dashboard-port", str(dport)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_as_from_a_terminal,
     )  # fmt: skip
     collector = f"http://127.0.0.1:{cport}"
     try:
