@@ -1,11 +1,14 @@
 """Straggler: a rank whose own work is persistently slower than its cohort's.
 
 In a synchronous job every rank's step takes as long as the slowest rank's, so wall time
-names nobody. Each rank's excess at a step does, by two signals judged apart: the log of
+names nobody. Each rank's excess at a step does, by three signals judged apart: the log of
 its compute time over the median rank's (the hooks report the training thread's CPU time
-on CPU ranks, CUDA event time on GPU ranks), and how much later than the median rank it
+on CPU ranks, CUDA event time on GPU ranks), how much later than the median rank it
 arrived at the step's synchronisation point, as a fraction of the step (the only one from
-a producer without compute times).
+a producer without compute times), and, on CPU ranks, how much longer than the median
+rank its process was stopped, as a fraction of the step (hooks/stopped.py: a rank stopped
+from outside uses no more CPU time, and the others wait for it inside FSDP's collectives,
+not at the step's end, so neither other signal moves).
 
 Per signal, the bar is the run's own rank-to-rank spread, not a fixed percentage: a
 robust sigma of the excesses (1.4826 x the median over recent steps of the cohort's median absolute
@@ -30,7 +33,7 @@ means.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -72,6 +75,12 @@ class StragglerSettings:
     # very even cohort (a spread near 0) from flagging rank-to-rank differences of 1-2%,
     # and sits under the 10% slowdown worth naming on a quiet machine.
     min_excess: float = 0.06
+    # Floor of the stopped signal's bar: a share of the step stopped beyond the median
+    # rank's. Its noise (the stopped clock's GIL waits) was about 1% of the wall time on
+    # every rank alike, idle or with 8 busy processes on 2 cores, rank to rank within
+    # 0.5% (bench/results/stopped_clock.txt); a rank stopped 12 ms of every 100 ms
+    # showed about 6%.
+    min_stopped_share: float = 0.03
     # Logged steps over which the run's spread is measured. Long enough that a straggler
     # or one busy stretch does not move it much; short enough to follow a machine whose
     # load changes over the run.
@@ -115,6 +124,10 @@ class StragglerSettings:
         )  # fmt: skip
         _check(self.spread_multiple > 0, "spread_multiple", "must be > 0", self.spread_multiple)
         _check(0 < self.min_excess < 10, "min_excess", "must be in (0, 10)", self.min_excess)
+        _check(
+            0 < self.min_stopped_share < 1, "min_stopped_share", "must be in (0, 1)",
+            self.min_stopped_share,
+        )  # fmt: skip
         _check(
             self.restless_persist_steps >= self.persist_steps, "restless_persist_steps",
             f"must be >= persist_steps ({self.persist_steps})", self.restless_persist_steps,
@@ -221,6 +234,13 @@ def arrival_excess(wait_time_s: np.ndarray, step_time_s: float | np.ndarray) -> 
     with np.errstate(divide="ignore", invalid="ignore"):
         out = late_s / np.where(steps_s > 0, steps_s, np.nan)[:, None]
     return out if wait_time_s.ndim == 2 else out[0]
+
+
+def stopped_excess(stopped_s: np.ndarray, step_time_s: float) -> np.ndarray:
+    """How much longer than the median rank each rank was stopped in one step, as a
+    fraction of the step: (its stopped time - the median's) / step time; the seconds the
+    job waited for it, over the step."""
+    return (stopped_s - fast_median(stopped_s)) / step_time_s
 
 
 def in_bursts(x: np.ndarray, bar: float) -> np.ndarray:
@@ -341,6 +361,7 @@ class _Signal:
     column: str  # the ranks column behind it, for the alert's data link
     slower: str  # how a message says a rank's excess, from its percentage {pct}
     log_ratio: bool  # an excess is a log ratio (else a fraction of the step)
+    settings: StragglerSettings  # its bar's floor is min_excess (or min_stopped_share)
     excess: np.ndarray
     cost_s: np.ndarray
     spreads: np.ndarray
@@ -353,6 +374,7 @@ class _Signal:
             column,
             slower,
             log_ratio,
+            s,
             np.full((s.restless_persist_steps, n), np.nan),
             np.zeros((s.restless_persist_steps, n)),
             np.full(s.spread_steps, np.nan),
@@ -361,6 +383,10 @@ class _Signal:
     def sigma(self) -> float:
         """The run's robust sigma of this signal (`sigma_of` its per-step spreads)."""
         return sigma_of(self.spreads)
+
+    def bar(self, sigma: float) -> float:
+        """The excess a rank must clear by this signal, given its spread `sigma`."""
+        return self.settings.bar(sigma)
 
     def percent(self, x: float) -> float:
         """An excess (or a bar) as a percentage: how much slower, or how much of a step
@@ -403,6 +429,13 @@ class StragglerDetector:
             "wait_time_s", "{pct:.0f}% of a step later than the median rank at the step's end",
             False, s, n,
         )  # fmt: skip
+        self._stopped = _Signal.empty(
+            "stopped_time_s",
+            "its process stopped {pct:.0f}% of a step longer than the median rank's (neither "
+            "running nor waiting for a CPU: SIGSTOP, a cgroup freezer, a debugger, a paused VM)",
+            False, replace(s, min_excess=s.min_stopped_share), n,
+        )  # fmt: skip
+        self._signals = (self._compute, self._arrival, self._stopped)
         self._waits = np.zeros((s.restless_persist_steps, n))
         self._was_in_episode = np.zeros((s.restless_persist_steps, n), bool)
         self._steps = np.zeros(s.restless_persist_steps, np.int64)
@@ -423,8 +456,8 @@ class StragglerDetector:
             self._reset(r.rank)  # another cohort (a restart at another size): start over
         if not self._push(r, s):
             return []
-        sigmas = (self._compute.sigma(), self._arrival.sigma())
-        burst_share = self._burst_share(sigmas)
+        sigmas = tuple(signal.sigma() for signal in self._signals)
+        burst_share = self._burst_share(sigmas[:2])
         persist_steps = self.settings.window_steps(burst_share)
         rows = self._window(s.step, persist_steps)
         if rows is None:
@@ -488,6 +521,12 @@ class StragglerDetector:
             self._arrival.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))
         else:
             self._arrival.put(row, spread_row, None, zeros)
+        stopped = r.stopped_time_s
+        if stopped is not None and s.step_time_s > 0 and np.isfinite(stopped).all():
+            x = stopped_excess(stopped, s.step_time_s)
+            self._stopped.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))
+        else:
+            self._stopped.put(row, spread_row, None, zeros)
         self._steps[row], self._waits[row] = s.step, r.wait_time_s
         self._was_in_episode[row] = self._in_episode
         self._pushed += 1
@@ -511,7 +550,7 @@ class StragglerDetector:
         s: StepView,
         tp: int,
         rows: np.ndarray,
-        sigmas: tuple[float, float],
+        sigmas: tuple[float, ...],
         restless: float | None,
     ) -> list[Alert]:
         """At most one row per step (the alerts table's key): a new episode first; an
@@ -523,7 +562,7 @@ class StragglerDetector:
         waiting; late at the synchronisation point, it did.
         """
         scored = {}
-        for signal, sigma in zip((self._compute, self._arrival), sigmas, strict=True):
+        for signal, sigma in zip(self._signals, sigmas, strict=True):
             scores = self._scores(signal, rows, sigma)
             scored[id(signal)] = scores
             new = np.flatnonzero(scores.slow & ~self._in_episode[scores.columns])
@@ -543,9 +582,9 @@ class StragglerDetector:
     def _scores(self, signal: _Signal, rows: np.ndarray, sigma: float) -> RankScores:
         window = signal.excess[rows]
         with np.errstate(invalid="ignore"):
-            above_now = np.flatnonzero(window[-1] >= self.settings.bar(sigma))
+            above_now = np.flatnonzero(window[-1] >= signal.bar(sigma))
         columns = np.union1d(above_now, np.flatnonzero(self._in_episode))
-        return rank_scores(window, sigma, self.settings, columns)
+        return rank_scores(window, sigma, signal.settings, columns)
 
     def _open(
         self,

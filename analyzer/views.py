@@ -39,6 +39,7 @@ RANK_COLUMNS = (
     "step_time_s",
     "compute_time_s",
     "data_time_s",
+    "stopped_time_s",
     "wait_time_s",
     "loss",
     "grad_norm_local",
@@ -110,6 +111,7 @@ class RankView:
     step_time_s: np.ndarray = _NOTHING
     compute_time_s: np.ndarray = _NOTHING
     data_time_s: np.ndarray = _NOTHING
+    stopped_time_s: np.ndarray = _NOTHING
     wait_time_s: np.ndarray = _NOTHING
     loss: np.ndarray = _NOTHING
     grad_norm_local: np.ndarray = _NOTHING

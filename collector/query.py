@@ -381,6 +381,7 @@ _NODE_AGG = {
     "step_time_s": "max",
     "compute_time_s": "max",
     "data_time_s": "max",
+    "stopped_time_s": "max",
     "wait_time_s": "avg",
     "temperature_c": "max",
     "memory_used_bytes": "max",

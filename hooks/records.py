@@ -60,7 +60,7 @@ SAMPLED_FIELDS = (
 _INTEGER = ("canary_fingerprint", "replica_fingerprint", "replica_group", "throttle_reasons")
 _AS_IS = tuple(
     name
-    for name in ("compute_time_s", "data_time_s", *COMMS_FIELDS, *SAMPLED_FIELDS)
+    for name in ("compute_time_s", "data_time_s", "stopped_time_s", *COMMS_FIELDS, *SAMPLED_FIELDS)
     if name not in _INTEGER
 )
 
@@ -71,6 +71,7 @@ RANK_SLOT = (
     "loss",  # this rank's local loss
     "compute_time_s",  # CPU: the training thread's CPU time; CUDA: event-timed (see monitor)
     "data_time_s",  # previous optimizer step's end -> this step's first forward
+    "stopped_time_s",  # CPU ranks: time the process was stopped (stopped.py)
     "arrival_unix_s",  # when the rank reached the step boundary (the hooks' collective)
     "grad_sumsq_local",  # this rank's own gradients before the data-parallel reduction
     "canary_fingerprint",  # NaN on steps without a canary

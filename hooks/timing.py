@@ -13,6 +13,8 @@ accumulation only the first micro-batch's wait counts.
 - CPU: the training thread's CPU time between `step()` calls. Time blocked in a gloo
   collective waiting for slower ranks is not CPU time, so a rank that merely waits for a
   straggler does not look slow.
+  `stopped_time_s` is the time the process was stopped in the same span (stopped.py): a
+  stopped thread uses no CPU time, so a rank stopped from outside would not look slow.
 - CUDA: GPU time from the first forward to the end of the optimizer step, from CUDA events
   on the current stream. An event is read only once the device has passed it
   (`Event.query()` does not block), so a logged step reports steps the device had
@@ -21,7 +23,8 @@ accumulation only the first micro-batch's wait counts.
 A logged step reports the mean of both over the steps since the previous logged step (on
 CUDA, over the steps the device finished since then, at most the last 8): at log_every=10
 one step's noise would otherwise stand for ten, and the straggler detector's evidence
-would be as noisy as a single step's.
+would be as noisy as a single step's. `stopped_time_s` is NaN on CUDA ranks, whose event
+time already spans a stop of the host (the device idles until the host launches more).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .layers import OptimizerParams
+from .stopped import StoppedClock
 
 
 class Mean:
@@ -68,16 +72,19 @@ class StepTimer:
         device: torch.device,
         wall_clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.thread_time,
+        stopped: StoppedClock | None = None,
     ) -> None:
         self.cuda = device.type == "cuda"
         self._wall, self._cpu = wall_clock, cpu_clock  # injectable, for tests
+        self.stopped = stopped or (None if self.cuda else StoppedClock())
+        self._stopped_s = self._stopped_now()
         self._owned = OptimizerParams(list(model.parameters()))
         self._boundary_s = self._wall()
         self._cpu_s = self._cpu()
         self._forward_seen = False
         self._data_time_s = math.nan
         # Since the last logged step (meter protocol): data time, CPU compute time.
-        self._data, self._compute = Mean(), Mean()
+        self._data, self._compute, self._stops = Mean(), Mean(), Mean()
         self._span: list[torch.cuda.Event] = []  # [start] or [start, end] of the running step
         self._done: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=8)
         self._last_gpu_s = math.nan  # the last finished step's, for a report with none new
@@ -113,11 +120,12 @@ class StepTimer:
     def step(self) -> None:
         """At the monitor's step boundary: add this step's data time and (on CPU) compute
         time to the means of the steps since the last logged one."""
-        cpu_s = self._cpu()
+        cpu_s, stopped_s = self._cpu(), self._stopped_now()
         self._data.add(self._data_time_s)
         if not self.cuda:
             self._compute.add(cpu_s - self._cpu_s)
-        self._cpu_s = cpu_s
+        self._stops.add(stopped_s - self._stopped_s)  # NaN without a clock: not added
+        self._cpu_s, self._stopped_s = cpu_s, stopped_s
         self._data_time_s = math.nan
         self._forward_seen = False
         self._boundary_s = self._wall()  # the optimizer's end moves it later, if one runs
@@ -133,10 +141,14 @@ class StepTimer:
 
     def collect(self, step: int, steps: int) -> dict[str, Any]:
         """Means over the steps since the last logged step; the means start over."""
-        data_s, compute_s = self._data.take(), self._compute.take()
+        data_s, compute_s, stopped_s = self._data.take(), self._compute.take(), self._stops.take()
         if self.cuda:
             compute_s = self._finished_gpu_time_s()
-        return {"data_time_s": data_s, "compute_time_s": compute_s}
+        return {"data_time_s": data_s, "compute_time_s": compute_s, "stopped_time_s": stopped_s}
+
+    def _stopped_now(self) -> float:
+        """The stopped clock's total (a plain float: no lock, no I/O); NaN without one."""
+        return self.stopped.stopped_s if self.stopped is not None else math.nan
 
     def _finished_gpu_time_s(self) -> float:
         """Mean GPU time of the steps the device finished since the last report (the same
@@ -152,3 +164,5 @@ class StepTimer:
     def close(self) -> None:
         for h in self._handles:
             h.remove()
+        if self.stopped is not None:
+            self.stopped.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def rows(views, settings: StragglerSettings | None = None) -> list:
         ("restless_share", 0.0),
         ("restless_persist_steps", 24),
         ("min_last_fraction", 1.5),
+        ("min_stopped_share", 0.0),
     ],
 )
 def test_bad_settings_name_the_field(field: str, value) -> None:
@@ -427,3 +429,53 @@ def test_real_run_logged_every_4_steps(tmp_path: Path) -> None:
     alerts = _straggler_alerts(out)
     assert [(a.rank, a.severity) for a in alerts] == [(1, "warning")]
     assert alerts[0].start_step >= 20
+
+
+def stopped_cohort(steps: int, ranks: int, stopped: dict[int, tuple[int, float]], seed: int = 0):
+    """A job whose ranks compute alike (100 ms) and are stopped ~1% of a step (the stopped
+    clock's noise, 0.5% rank to rank); rank -> (first step, share of the step) stopped on
+    top from then. The others wait for a stopped rank inside the collectives, not at the
+    step's end: every rank arrives at the same time, as on the CPU reference runs."""
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        compute = COMPUTE_S * np.exp(0.005 * rng.standard_normal(ranks))
+        step_s = float(compute.max()) / (1 - max((f for a, f in stopped.values() if step >= a),
+                                                  default=0.0))  # fmt: skip
+        stop = step_s * np.clip(0.01 + 0.005 * rng.standard_normal(ranks), 0, None)
+        for rank, (first, share) in stopped.items():
+            if step >= first:
+                stop[rank] += share * step_s
+        view = RankView.of(compute_time_s=compute.tolist(), wait_time_s=[0.01] * ranks,
+                           stopped_time_s=stop.tolist())  # fmt: skip
+        yield StepView("r", step, float(step), 2.0, 1.0, step_time_s=step_s, ranks=view)
+
+
+def test_a_rank_stopped_from_outside_is_named_by_its_stopped_time() -> None:
+    """Neither its CPU time nor its arrival moves; its stopped time does: named once, with
+    the cost, within the window; resolved when the stops end."""
+    views = list(stopped_cohort(200, 4, {2: (60, 0.12)}))
+    got = rows(views)
+    assert [(a.kind, a.rank, a.severity) for a in got] == [("straggler", 2, "warning")]
+    alert = got[0]
+    assert alert.start_step >= 60 and alert.step <= 60 + 30
+    assert "stopped 12% of a step longer than the median rank" in alert.message, alert.message
+    assert "bar: 3%" in alert.message
+    # Without the stopped times (a producer that does not report them), nobody is named.
+    blind = [
+        StepView(v.run_id, v.step, v.time_unix_s, v.loss, v.tokens_per_s,
+                 step_time_s=v.step_time_s,
+                 ranks=RankView.of(compute_time_s=v.ranks.compute_time_s.tolist(),
+                                   wait_time_s=v.ranks.wait_time_s.tolist()))
+        for v in views
+    ]  # fmt: skip
+    assert rows(blind) == []
+
+
+def test_stops_that_end_resolve_and_noise_is_not_a_stop() -> None:
+    views = list(stopped_cohort(300, 4, {1: (50, 0.2)}))
+    ended = [*views[:150], *stopped_cohort(150, 4, {}, seed=1)]
+    got = rows(dataclasses.replace(v, step=i) for i, v in enumerate(ended))
+    assert [(a.kind, a.rank, a.severity) for a in got] == [
+        ("straggler", 1, "warning"), ("straggler", 1, "resolved")
+    ]  # fmt: skip
+    assert rows(stopped_cohort(1000, 8, {}, seed=3)) == []  # 1% +- 0.5% on every rank

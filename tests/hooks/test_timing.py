@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from trainvitals.hooks.stopped import StoppedClock
 from trainvitals.hooks.timing import StepTimer
 
 
@@ -40,7 +41,9 @@ def timed():
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     wall, cpu = Clock(), Clock()
-    timer = StepTimer(model, torch.device("cpu"), wall_clock=wall, cpu_clock=cpu)
+    # A stopped clock without its thread: the test moves its total by hand.
+    stopped = StoppedClock(schedstat=lambda: (0.0, 0.0), start=False)
+    timer = StepTimer(model, torch.device("cpu"), wall_clock=wall, cpu_clock=cpu, stopped=stopped)
     yield timer, model, opt, wall, cpu
     timer.close()
 
@@ -58,6 +61,27 @@ def test_a_logged_step_reports_the_mean_since_the_last_logged_one(timed) -> None
     got = timer.collect(step=4, steps=1)
     assert got["compute_time_s"] == pytest.approx(0.3)
     assert got["data_time_s"] == pytest.approx(0.05)
+
+
+def test_a_logged_step_reports_the_mean_time_stopped_since_the_last_one(timed) -> None:
+    timer, model, opt, wall, cpu = timed
+    _run_steps(timer, model, opt, wall, cpu, [(0.0, 0.1)])
+    timer.stopped.stopped_s += 0.3  # stopped 300 ms in the second of two steps
+    _run_steps(timer, model, opt, wall, cpu, [(0.0, 0.1)])
+    assert timer.collect(step=1, steps=2)["stopped_time_s"] == pytest.approx(0.15)
+    _run_steps(timer, model, opt, wall, cpu, [(0.0, 0.1)])
+    assert timer.collect(step=2, steps=1)["stopped_time_s"] == 0.0
+
+
+def test_cuda_ranks_run_no_stopped_clock() -> None:
+    """Their event time already spans a stop of the host: no thread, NaN reported."""
+    model = nn.Linear(2, 2)
+    timer = StepTimer(model, torch.device("cuda"))  # nothing here touches the device
+    try:
+        assert timer.stopped is None
+        assert math.isnan(timer.collect(step=0, steps=1)["stopped_time_s"])
+    finally:
+        timer.close()
 
 
 def test_a_report_without_steps_is_nan(timed) -> None:

@@ -322,6 +322,14 @@ RANKS = Table(
             bounds=NONNEGATIVE,
         ),
         Field(
+            "stopped_time_s",
+            "float64",
+            "CPU ranks: time the process was stopped (neither running nor waiting for a "
+            "CPU: SIGSTOP, a freezer), mean over the steps since the last logged one",
+            required=False,
+            bounds=NONNEGATIVE,
+        ),
+        Field(
             "wait_time_s",
             "float64",
             "time waiting at the step's synchronisation point",

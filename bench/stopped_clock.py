@@ -1,0 +1,195 @@
+"""The stopped clock (hooks/stopped.py) on the reference trainer: its noise, how much of a
+real stop it sees, and what it costs.
+
+Runs the reference trainer on 4 CPU ranks (torchrun, gloo, dp 4, every step logged, to a
+telemetry file) in turn:
+- clean, on the machine as it is;
+- clean, with `--busy` busy processes (default 8: 4x the cores of a 2-core machine);
+- with rank 1 stopped (SIGSTOP / SIGCONT) `ms` of every 100 ms from `--stop-after-s`
+  seconds after it started, for each of `--stops`.
+Per run and rank: the median over the logged steps after the warm-up of stopped_time_s
+over step_time_s (the share of the step the clock saw stopped). The stopped runs also
+print the share the duty cycle stopped the rank (ms / 100). Then the clock's own CPU:
+one StoppedClock in this process for `--cost-s` seconds while its main thread sleeps.
+Last line: the headline.
+
+    python bench/stopped_clock.py
+    python bench/stopped_clock.py --steps 300 --stops 12,25,50 --busy 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import orjson
+from external_faults import duty_cycle  # bench/, run as a script
+
+from trainvitals.hooks.stopped import StoppedClock
+from trainvitals.schema import to_arrow
+from trainvitals.trainer.launch import torchrun_command
+
+RANKS, STOPPED_RANK, WARMUP_STEPS = 4, 1, 20
+
+
+def train(out: Path, steps: int, stop_ms: int, stop_after_s: float) -> None:
+    args = ["--dp", str(RANKS), "--device", "cpu", "--steps", str(steps), "--log-every", "1",
+            "--telemetry-file", str(out)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(torchrun_command(RANKS, args), env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    stop, thread = threading.Event(), None
+    try:
+        if stop_ms:
+            pid = session_rank_pid(job.pid, STOPPED_RANK)
+            time.sleep(stop_after_s)
+            thread = threading.Thread(target=duty_cycle, args=(pid, stop_ms, stop))
+            thread.start()
+        if job.wait(timeout=1800) != 0:
+            raise RuntimeError(f"trainer exit code {job.returncode}")
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def session_rank_pid(session: int, rank: int, timeout_s: float = 120) -> int:
+    """The pid of `rank` (RANK= in its environment) among the descendants of `session`
+    (torchrun may give each rank a session of its own: follow the parents)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        parents = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    parents[int(entry.name)] = int(stat[1])
+        family, grew = {session}, True
+        while grew:
+            kids = {pid for pid, ppid in parents.items() if ppid in family} - family
+            family |= kids
+            grew = bool(kids)
+        for pid in family - {session}:
+            with contextlib.suppress(OSError):
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                if f"RANK={rank}".encode() in env:
+                    return pid
+        time.sleep(0.2)
+    raise RuntimeError(f"rank {rank} of job {session} did not start in {timeout_s} s")
+
+
+def shares(path: Path, from_step: int) -> dict[int, float]:
+    """rank -> median over its logged steps from `from_step` of stopped / step time."""
+    per_rank: dict[int, list[float]] = {}
+    for line in path.read_bytes().splitlines():
+        _run, tables = to_arrow(orjson.loads(line))
+        ranks = tables.get("ranks")
+        if ranks is None or "stopped_time_s" not in ranks.column_names:
+            continue
+        r = ranks.to_pydict()
+        for rank, step, stopped, wall in zip(r["rank"], r["step"], r["stopped_time_s"],
+                                             r["step_time_s"], strict=True):  # fmt: skip
+            if step >= from_step and stopped is not None and wall:
+                per_rank.setdefault(rank, []).append(stopped / wall)
+    return {rank: statistics.median(v) for rank, v in sorted(per_rank.items())}
+
+
+def first_stopped_step(path: Path, share: float) -> int:
+    """The first logged step from which the stopped rank's share stays over `share` in
+    most steps: where the duty cycle began, in steps (the clock's own reading)."""
+    steps = []
+    for line in path.read_bytes().splitlines():
+        _run, tables = to_arrow(orjson.loads(line))
+        ranks = tables.get("ranks")
+        if ranks is None:
+            continue
+        r = ranks.to_pydict()
+        for rank, step, stopped, wall in zip(r["rank"], r["step"], r["stopped_time_s"],
+                                             r["step_time_s"], strict=True):  # fmt: skip
+            if rank == STOPPED_RANK and stopped is not None and wall:
+                steps.append((step, stopped / wall))
+    steps.sort()
+    for i, (step, _) in enumerate(steps):
+        ahead = [s for _, s in steps[i : i + 10]]
+        if len(ahead) == 10 and sum(s > share for s in ahead) >= 8:
+            return step
+    return max(s for s, _ in steps) + 1
+
+
+def clock_cost(seconds: float) -> float:
+    """The clock thread's CPU per second of wall time, as a share of one core."""
+    idle_cpu_s = time.process_time()
+    time.sleep(0.5)
+    idle_cpu_s = time.process_time() - idle_cpu_s  # this process without the clock
+    clock = StoppedClock()
+    start_wall, start_cpu = time.monotonic(), time.process_time()
+    time.sleep(seconds)
+    cpu_s = time.process_time() - start_cpu - idle_cpu_s * seconds / 0.5
+    wall_s = time.monotonic() - start_wall
+    clock.close()
+    return max(0.0, cpu_s) / wall_s
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=300, help="steps of each run")
+    p.add_argument("--stops", default="12,25,50", help="ms stopped of every 100 ms, per run")
+    p.add_argument("--busy", type=int, default=8, help="busy processes of the loaded run")
+    p.add_argument("--stop-after-s", type=float, default=15.0,
+                   help="seconds after rank 1 started that its stops begin")  # fmt: skip
+    p.add_argument("--cost-s", type=float, default=20.0, help="seconds the cost is measured")
+    args = p.parse_args()
+    stops = [int(ms) for ms in args.stops.split(",") if ms]
+    load = os.getloadavg()[0]
+    print(f"stopped clock on 4 CPU ranks (gloo, dp 4), {args.steps} steps each, every step "
+          f"logged; {os.cpu_count()} cores; 1-min load {load:.1f}", flush=True)  # fmt: skip
+    noise: dict[str, float] = {}
+    seen: dict[int, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, busy in (("clean", 0), ("clean, loaded", args.busy)):
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    for _ in range(busy)]  # fmt: skip
+            try:
+                out = Path(tmp) / f"{name.replace(', ', '_')}.jsonl"
+                train(out, args.steps, 0, 0.0)
+            finally:
+                for hog in hogs:
+                    hog.kill()
+                    hog.wait()
+            got = shares(out, WARMUP_STEPS)
+            noise[name] = max(got.values())
+            spread = max(got.values()) - min(got.values())
+            print(f"{name} ({busy} busy processes): stopped share of a step per rank "
+                  + ", ".join(f"{r}: {100 * v:.2f}%" for r, v in got.items())
+                  + f"; rank to rank {100 * spread:.2f}%", flush=True)  # fmt: skip
+        for ms in stops:
+            out = Path(tmp) / f"stop{ms}.jsonl"
+            train(out, args.steps, ms, args.stop_after_s)
+            begun = first_stopped_step(out, 0.03)
+            got = shares(out, begun)
+            seen[ms] = got[STOPPED_RANK]
+            others = [v for r, v in got.items() if r != STOPPED_RANK]
+            print(f"rank {STOPPED_RANK} stopped {ms} ms of every 100 ms (from step {begun}): "
+                  f"seen {100 * got[STOPPED_RANK]:.1f}% of its steps stopped; the others "
+                  + ", ".join(f"{100 * v:.2f}%" for v in others), flush=True)  # fmt: skip
+    cost = clock_cost(args.cost_s)
+    print(f"the clock's own CPU: {100 * cost:.2f}% of one core ({args.cost_s:.0f} s)")
+    print("stopped clock: noise " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in noise.items())
+          + " of a step at most; stops of " + ", ".join(f"{ms}" for ms in seen)
+          + " ms in 100 seen as " + ", ".join(f"{100 * v:.0f}%" for v in seen.values())
+          + f" of the step; cost {100 * cost:.2f}% of a core")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
