@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
+import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
 
-from tests.conftest import run_trainer
+from tests.conftest import descendants, kill_job, patience_s, run_trainer, wait_until
 from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.straggler import (
     StragglerDetector,
@@ -21,6 +27,7 @@ from trainvitals.analyzer.straggler import (
 from trainvitals.analyzer.views import RankView, StepView
 from trainvitals.schema import to_arrow
 from trainvitals.simulate import splice_slowdown
+from trainvitals.trainer.launch import torchrun_command
 
 COMPUTE_S = 0.1
 DATA = Path(__file__).parent / "data"
@@ -479,3 +486,59 @@ def test_stops_that_end_resolve_and_noise_is_not_a_stop() -> None:
         ("straggler", 1, "warning"), ("straggler", 1, "resolved")
     ]  # fmt: skip
     assert rows(stopped_cohort(1000, 8, {}, seed=3)) == []  # 1% +- 0.5% on every rank
+
+
+def _rank_pid(job: subprocess.Popen, rank: int) -> int | None:
+    for pid in descendants(job.pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + str(rank).encode() in env:
+            return pid
+    return None
+
+
+def _stop_now_and_then(pid: int, stopped_ms: int, done: threading.Event) -> None:
+    """SIGSTOP `pid` for `stopped_ms` of every 100 ms until `done`."""
+    try:
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(stopped_ms / 1000)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep((100 - stopped_ms) / 1000)
+    except ProcessLookupError:
+        return
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_real_run_with_a_rank_stopped_from_outside(tmp_path: Path) -> None:
+    """A real 4-rank run (dp=4, gloo) with rank 1 stopped 40 ms of every 100 ms by SIGSTOP
+    and SIGCONT from this test, as a CPU quota or a freezer would: rank 1 is named, by the
+    time its process was stopped (its CPU time does not move), and nobody else."""
+    out = tmp_path / "run.jsonl"
+    args = ["--dp", "4", "--steps", "60", "--telemetry-file", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(torchrun_command(4, args), env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    done = threading.Event()
+    try:
+        pid = wait_until(lambda: _rank_pid(job, 1), timeout_s=120)
+        stopper = threading.Thread(target=_stop_now_and_then, args=(pid, 40, done))
+        stopper.start()
+        try:
+            _, err = job.communicate(timeout=patience_s(600))
+        finally:
+            done.set()
+            stopper.join()
+        assert job.returncode == 0, err[-3000:]
+    finally:
+        done.set()
+        if job.poll() is None:
+            kill_job(job)
+    alerts = _straggler_alerts(out)
+    assert [(a.rank, a.severity) for a in alerts] == [(1, "warning")], alerts
+    assert "its process stopped" in alerts[0].message, alerts[0].message
