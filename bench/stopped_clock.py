@@ -128,17 +128,49 @@ def first_stopped_step(path: Path, share: float) -> int:
 
 
 def clock_cost(seconds: float) -> float:
-    """The clock thread's CPU per second of wall time, as a share of one core."""
-    idle_cpu_s = time.process_time()
-    time.sleep(0.5)
-    idle_cpu_s = time.process_time() - idle_cpu_s  # this process without the clock
+    """The clock thread's CPU per second of wall time (its own schedstat), as a share of
+    one core."""
     clock = StoppedClock()
-    start_wall, start_cpu = time.monotonic(), time.process_time()
+    assert clock._thread is not None, "no schedstat here"
     time.sleep(seconds)
-    cpu_s = time.process_time() - start_cpu - idle_cpu_s * seconds / 0.5
-    wall_s = time.monotonic() - start_wall
+    on_cpu_ns = Path(f"/proc/self/task/{clock._thread.native_id}/schedstat").read_text()
     clock.close()
-    return max(0.0, cpu_s) / wall_s
+    return int(on_cpu_ns.split()[0]) / 1e9 / seconds
+
+
+def loop_slowdown(pairs: int, steps: int) -> float:
+    """A training loop's time with the clock running over its time without, on one thread
+    (torch.set_num_threads(1)): `pairs` pairs of blocks of `steps` steps, each pair in a
+    random order; the median of the pairs' ratios."""
+    import random
+
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(8)))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, 256)
+
+    def block() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        return time.perf_counter() - start
+
+    block()  # warm-up
+    ratios = []
+    for _ in range(pairs):
+        times = {}
+        for on in random.sample([False, True], 2):
+            clock = StoppedClock() if on else None
+            times[on] = block()
+            if clock is not None:
+                clock.close()
+        ratios.append(times[True] / times[False])
+    return statistics.median(ratios)
 
 
 def main() -> None:
@@ -149,7 +181,16 @@ def main() -> None:
     p.add_argument("--stop-after-s", type=float, default=15.0,
                    help="seconds after rank 1 started that its stops begin")  # fmt: skip
     p.add_argument("--cost-s", type=float, default=20.0, help="seconds the cost is measured")
+    p.add_argument("--cost-only", action="store_true", help="measure the clock's cost only")
+    p.add_argument("--pairs", type=int, default=30, help="block pairs of the loop's slowdown")
     args = p.parse_args()
+    if args.cost_only:
+        cost, slower = clock_cost(args.cost_s), loop_slowdown(args.pairs, 200)
+        print(
+            f"stopped clock: cost {100 * cost:.2f}% of a core ({args.cost_s:.0f} s); a "
+            f"training loop {100 * (slower - 1):+.2f}% with it (median of {args.pairs} pairs)"
+        )
+        return
     stops = [int(ms) for ms in args.stops.split(",") if ms]
     load = os.getloadavg()[0]
     print(f"stopped clock on 4 CPU ranks (gloo, dp 4), {args.steps} steps each, every step "
@@ -183,12 +224,17 @@ def main() -> None:
             print(f"rank {STOPPED_RANK} stopped {ms} ms of every 100 ms (from step {begun}): "
                   f"seen {100 * got[STOPPED_RANK]:.1f}% of its steps stopped; the others "
                   + ", ".join(f"{100 * v:.2f}%" for v in others), flush=True)  # fmt: skip
-    cost = clock_cost(args.cost_s)
-    print(f"the clock's own CPU: {100 * cost:.2f}% of one core ({args.cost_s:.0f} s)")
+    cost, slower = clock_cost(args.cost_s), loop_slowdown(args.pairs, 200)
+    print(
+        f"the clock's own CPU: {100 * cost:.2f}% of one core ({args.cost_s:.0f} s); a "
+        f"one-thread training loop {100 * (slower - 1):+.2f}% slower with it running "
+        f"(median of {args.pairs} pairs of blocks)"
+    )
     print("stopped clock: noise " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in noise.items())
           + " of a step at most; stops of " + ", ".join(f"{ms}" for ms in seen)
           + " ms in 100 seen as " + ", ".join(f"{100 * v:.0f}%" for v in seen.values())
-          + f" of the step; cost {100 * cost:.2f}% of a core")  # fmt: skip
+          + f" of the step; cost {100 * cost:.2f}% of a core, a training loop "
+          f"{100 * (slower - 1):+.2f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ from .reducer import StepReducer
 from .replica import ReplicaFingerprint
 from .runmeta import run_metadata
 from .spool import default_spool_dir
+from .stopped import StoppedClock
 from .timing import StepTimer
 from .tokens import TokenCheck
 from .update import UpdateMeter
@@ -149,7 +150,10 @@ class Monitor:
         self.power = PowerSampler(
             self.device, int(os.environ.get("LOCAL_RANK", "0")), cfg.power_interval_s or None
         )
-        self.timer = StepTimer(model, self.device)
+        # CPU ranks' compute time is CPU time, blind to a stopped process; CUDA event time
+        # is not (the device idles while the host is stopped).
+        stops = None if cuda or not cfg.stopped_interval_s else StoppedClock(cfg.stopped_interval_s)
+        self.timer = StepTimer(model, self.device, stopped=stops)
         self.update = UpdateMeter(self.params)  # the optimizer step before a logged step
         self.comms = CommsMeter(
             model, mesh, self.device, time_collectives=cfg.time_collectives, ddp=ddp

@@ -27,22 +27,32 @@ read per `period_s` on a thread of its own, never on the training thread.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-SCHEDSTAT = Path("/proc/thread-self/schedstat")
-# 10 ms: stops of 12 ms and longer are seen; 100 wake-ups a second cost the thread
-# about 0.2% of one core (bench/results/stopped_clock.txt).
+SCHEDSTAT = "/proc/thread-self/schedstat"
+# 10 ms: stops of 12 ms and longer are seen in good part; 100 wake-ups a second cost the
+# thread about 0.5% of one core (bench/results/stopped_clock.txt).
 PERIOD_S = 0.01
 
 
-def read_schedstat(path: Path = SCHEDSTAT) -> tuple[float, float]:
-    """(CPU time, run-queue wait) of the calling thread, in seconds. The file holds three
-    numbers: time on the CPU (ns), time waiting on a run queue (ns), time slices run."""
-    on_cpu_ns, waiting_ns, _slices = path.read_text().split()
-    return int(on_cpu_ns) / 1e9, int(waiting_ns) / 1e9
+class Schedstat:
+    """(CPU time, run-queue wait) of the thread that made it, in seconds: its schedstat
+    file, kept open and read again in place (pread), which halves a wake-up's CPU against
+    opening it each time. The file holds three numbers: time on the CPU (ns), time waiting
+    on a run queue (ns), time slices run."""
+
+    def __init__(self, path: str = SCHEDSTAT) -> None:
+        self._fd = os.open(path, os.O_RDONLY)  # /proc/thread-self: the opening thread's
+
+    def __call__(self) -> tuple[float, float]:
+        on_cpu_ns, waiting_ns, _slices = os.pread(self._fd, 128, 0).split()
+        return int(on_cpu_ns) / 1e9, int(waiting_ns) / 1e9
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 def late_s(elapsed_s: float, asked_s: float, cpu_s: float, waiting_s: float) -> float:
@@ -58,18 +68,21 @@ class StoppedClock:
     def __init__(
         self,
         period_s: float = PERIOD_S,
-        schedstat: Callable[[], tuple[float, float]] = read_schedstat,
+        schedstat: Callable[[], Schedstat] = Schedstat,
         clock: Callable[[], float] = time.monotonic,
         start: bool = True,
     ) -> None:
-        """`start` False: no thread (tests call `tick` themselves)."""
+        """`schedstat` opens a reader of the calling thread's schedstat (the clock's
+        thread opens its own); `start` False: no thread (tests call `tick` themselves)."""
         self.period_s = period_s
-        self._schedstat, self._clock = schedstat, clock  # injectable, for tests
+        self._open, self._clock = schedstat, clock  # injectable, for tests
         self.stopped_s = math.nan
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._schedstat: Schedstat | None = None
         try:
-            schedstat()
+            self._schedstat = schedstat()
+            self._schedstat()
         except (OSError, ValueError):
             return  # not Linux, or a kernel without schedstat: NaN, no thread
         self.stopped_s = 0.0
@@ -78,14 +91,20 @@ class StoppedClock:
             self._thread.start()
 
     def _run(self) -> None:
-        # The first reading is the thread's own: schedstat is per thread.
-        at_s, (cpu_s, waiting_s) = self._clock(), self._schedstat()
-        while not self._stop.wait(self.period_s):
-            at_s, cpu_s, waiting_s = self.tick(at_s, cpu_s, waiting_s)
+        assert self._schedstat is not None  # the thread starts only with a reader
+        self._schedstat.close()  # the maker's thread's: this thread reads its own
+        self._schedstat = read = self._open()
+        try:
+            at_s, (cpu_s, waiting_s) = self._clock(), read()
+            while not self._stop.wait(self.period_s):
+                at_s, cpu_s, waiting_s = self.tick(at_s, cpu_s, waiting_s)
+        finally:
+            read.close()
 
     def tick(self, at_s: float, cpu_s: float, waiting_s: float) -> tuple[float, float, float]:
         """One wake-up, `period_s` after the reading (at_s, cpu_s, waiting_s): adds what
         it lost to `stopped_s` and returns the new reading."""
+        assert self._schedstat is not None
         now_s, (cpu_now_s, waiting_now_s) = self._clock(), self._schedstat()
         lost_s = late_s(now_s - at_s, self.period_s, cpu_now_s - cpu_s, waiting_now_s - waiting_s)
         self.stopped_s += lost_s  # one writer; a reader sees the float whole, under the GIL
@@ -94,4 +113,7 @@ class StoppedClock:
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=1.0)
+            self._thread.join(timeout=1.0)  # the thread closes its reader
+        elif self._schedstat is not None:
+            self._schedstat.close()
+            self._schedstat = None

@@ -76,7 +76,7 @@ class StepTimer:
     ) -> None:
         self.cuda = device.type == "cuda"
         self._wall, self._cpu = wall_clock, cpu_clock  # injectable, for tests
-        self.stopped = stopped or (None if self.cuda else StoppedClock())
+        self.stopped = stopped  # None: not measured (CUDA ranks, or turned off)
         self._stopped_s = self._stopped_now()
         self._owned = OptimizerParams(list(model.parameters()))
         self._boundary_s = self._wall()

@@ -276,6 +276,8 @@ def test_data_time_is_the_wait_before_forward(model) -> None:
     ranks = out.rows("ranks")
     assert all(0.05 <= r["data_time_s"] < r["step_time_s"] for r in ranks[1:])
     assert all(r["compute_time_s"] > 0 and r["grad_norm_local"] > 0 for r in ranks)
+    # A CPU rank measures the time it was stopped (none here, but GIL waits: a little).
+    assert all(0 <= r["stopped_time_s"] < r["step_time_s"] for r in ranks)
 
 
 def test_bad_config_is_refused(model) -> None:
@@ -285,6 +287,18 @@ def test_bad_config_is_refused(model) -> None:
         attach(model, total_steps=0)
     with pytest.raises(ValueError, match="run_id 'my run/3' is not valid"):
         attach(model, run_id="my run/3")  # at attach, not as rejected batches later
+    with pytest.raises(ValueError, match="stopped_interval_s must be >= 0, got -1"):
+        attach(model, stopped_interval_s=-1)
+
+
+def test_the_stopped_clock_can_be_turned_off(model) -> None:
+    out = InMemoryExporter()
+    monitor = attach(model, exporter=out, log_every=1, peak_flops_per_s=1e12,
+                     stopped_interval_s=0)  # fmt: skip
+    assert monitor.timer.stopped is None
+    _train(monitor, model, 2)
+    monitor.close()
+    assert all(r.get("stopped_time_s") in (None, "NaN") for r in out.rows("ranks"))
 
 
 def test_exporter_failure_never_reaches_training(model) -> None:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from trainvitals.hooks.stopped import StoppedClock, late_s, read_schedstat
+from trainvitals.hooks.stopped import Schedstat, StoppedClock, late_s
 
 linux_schedstat = pytest.mark.skipif(
     not os.path.exists("/proc/thread-self/schedstat"), reason="needs Linux schedstat"
@@ -36,13 +36,16 @@ class Readings:
     def clock(self) -> float:
         return self.now_s
 
-    def schedstat(self) -> tuple[float, float]:
+    def __call__(self) -> tuple[float, float]:
         return self.cpu_s, self.waiting_s
+
+    def close(self) -> None:
+        pass
 
 
 def test_ticks_add_up_only_the_stops() -> None:
     r = Readings()
-    clock = StoppedClock(0.01, schedstat=r.schedstat, clock=r.clock, start=False)
+    clock = StoppedClock(0.01, schedstat=lambda: r, clock=r.clock, start=False)  # type: ignore[arg-type, return-value]
     assert clock.stopped_s == 0.0
     reading = (r.now_s, r.cpu_s, r.waiting_s)
     # An on-time wake, one delayed 20 ms by the run queue, one 25 ms late with 5 ms of that
@@ -56,7 +59,7 @@ def test_ticks_add_up_only_the_stops() -> None:
 
 
 def test_without_schedstat_it_is_nan_and_runs_no_thread() -> None:
-    def missing() -> tuple[float, float]:
+    def missing() -> Schedstat:
         raise FileNotFoundError("/proc/thread-self/schedstat")
 
     clock = StoppedClock(schedstat=missing)
@@ -65,10 +68,18 @@ def test_without_schedstat_it_is_nan_and_runs_no_thread() -> None:
 
 
 @linux_schedstat
-def test_schedstat_is_read_in_seconds() -> None:
-    cpu_s, waiting_s = read_schedstat()
-    assert cpu_s > 0 and waiting_s >= 0
-    assert cpu_s < time.process_time() + 1  # seconds, not ns
+def test_schedstat_is_read_in_seconds_and_again_in_place() -> None:
+    read = Schedstat()
+    try:
+        cpu_s, waiting_s = read()
+        assert cpu_s > 0 and waiting_s >= 0
+        assert cpu_s < time.process_time() + 1  # seconds, not ns
+        spin_until = time.thread_time() + 0.05
+        while time.thread_time() < spin_until:
+            pass
+        assert read()[0] >= cpu_s + 0.04  # the same open file, read again: moved on
+    finally:
+        read.close()
 
 
 CHILD = """

@@ -42,7 +42,7 @@ def timed():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     wall, cpu = Clock(), Clock()
     # A stopped clock without its thread: the test moves its total by hand.
-    stopped = StoppedClock(schedstat=lambda: (0.0, 0.0), start=False)
+    stopped = StoppedClock(start=False)
     timer = StepTimer(model, torch.device("cpu"), wall_clock=wall, cpu_clock=cpu, stopped=stopped)
     yield timer, model, opt, wall, cpu
     timer.close()
