@@ -37,6 +37,15 @@ def is_stall(gap_s, steps, per_step_s: float, min_gap_s: float, k: float):
     return np.logical_and(gap_s > min_gap_s, gap_s > k * per_step_s * steps)
 
 
+# A rank's own time that can hold up the job, and how a message says it was spent.
+OWN_TIME = (
+    ("data_time_s", "waiting for its data"),
+    ("compute_time_s", ""),
+    ("stopped_time_s", "stopped (neither running nor waiting for a CPU: SIGSTOP, a freezer, "
+     "a debugger, a paused VM)"),
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class StallSettings:
     """Thresholds of the stall detector (section "stall")."""
@@ -98,7 +107,7 @@ class StallDetector:
                 per_step = self._per_step.median() if ready else math.nan
                 cfg = self.settings
                 if ready and is_stall(gap, n, per_step, cfg.min_gap_s, cfg.min_intervals):
-                    rank, why = self._late_rank(s, gap - per_step * n)
+                    rank, why = self._late_rank(s, gap - per_step * n, n)
                     parts.append(
                         f"the job made no progress for {gap:.0f} s between step {step0} and "
                         f"step {s.step}, {gap / (per_step * n):.0f}x the usual "
@@ -138,12 +147,14 @@ class StallDetector:
             )
         ]
 
-    def _late_rank(self, s: StepView, excess_s: float) -> tuple[int | None, str]:
+    def _late_rank(self, s: StepView, excess_s: float, steps: int) -> tuple[int | None, str]:
         """The rank everybody waited for at the step that ended the gap, if that is clear:
         the one the others waited for at the step's synchronisation point (wait_time_s),
-        else the one that alone spent the gap before its forward (data_time_s) or in its
-        own work (compute_time_s). The second covers backends whose waits do not show
-        where the others really waited (on gloo they wait inside FSDP's collectives)."""
+        else the one that alone spent the gap before its forward (data_time_s), in its
+        own work (compute_time_s) or stopped (stopped_time_s: a frozen process). The
+        second covers backends whose waits do not show where the others really waited (on
+        gloo they wait inside FSDP's collectives). Those three are means over the `steps`
+        since the previous logged step: their total is what the gap held."""
         r = s.ranks
         if r is None or len(r) < 2:
             return None, ""
@@ -156,10 +167,11 @@ class StallDetector:
                     f"; the other ranks waited {others:.0f} s for "
                     f"{name_rank(s.run, r.rank[late])}, the last to arrive"
                 )
-        for column, doing in (("data_time_s", "waiting for its data"), ("compute_time_s", "")):
+        for column, doing in OWN_TIME:
             own = getattr(r, column)
-            if not np.isfinite(own).all():
+            if own is None or not np.isfinite(own).all():
                 continue
+            own = own * steps
             late = int(np.argmax(own))
             others = float(np.median(np.delete(own, late)))
             if own[late] - others >= 0.5 * excess_s:

@@ -48,6 +48,37 @@ def test_a_rank_that_paused_before_its_forward_is_named_by_its_data_time() -> No
     assert "rank 5 spent 90 s waiting for its data (data_time_s" in alert.message
 
 
+def test_a_frozen_rank_is_named_by_its_stopped_time() -> None:
+    """A rank frozen 60 s (SIGSTOP, then SIGCONT): its CPU time and data time did not move,
+    the others waited inside a collective (gloo), and only its stopped_time_s shows it."""
+
+    def fault(step: int, cols: dict) -> None:
+        cols["ranks"]["stopped_time_s"] = np.full(8, 0.01)
+        if step == 100:
+            cols["steps"]["dt"] += 60
+            cols["ranks"]["stopped_time_s"][2] = 60.0
+
+    (alert,) = run(StallDetector(), fleet(150, fault=fault))
+    assert (alert.kind, alert.step, alert.rank) == ("stall", 100, 2)
+    assert "rank 2 spent 60 s stopped (neither running nor waiting for a CPU" in alert.message
+
+
+def test_own_times_are_means_so_a_logged_step_names_a_rank_by_their_total() -> None:
+    """Logged every 10 steps, a rank's 90 s data wait in one of them reads as a 9 s mean:
+    over the 10 steps the gap spans, 90 s, which is what the job waited."""
+
+    def fault(step: int, cols: dict) -> None:
+        if step == 100:
+            cols["steps"]["dt"] += 90
+            cols["ranks"]["data_time_s"] = np.full(8, 0.001)
+            cols["ranks"]["data_time_s"][4] = 9.0
+
+    views = [replace(v, step=v.step * 10) for v in fleet(150, fault=fault)]
+    (alert,) = run(StallDetector(), views)
+    assert (alert.step, alert.rank) == (1000, 4)
+    assert "rank 4 spent 90 s waiting for its data" in alert.message
+
+
 def test_a_rank_that_stops_reporting_is_named() -> None:
     def without_rank_6(views):
         for v in views:
