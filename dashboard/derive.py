@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -128,7 +128,8 @@ def progress(run: RunSummary, first_step: int, mean_tokens: float) -> Progress:
     return Progress(tokens_done, wall_s, eta_s)
 
 
-COMPUTE, ARRIVAL, BOTH = "compute time", "arrival", "compute time and arrival"
+COMPUTE, ARRIVAL, STOPPED = "compute time", "arrival", "stopped time"
+BOTH = f"{COMPUTE} and {ARRIVAL}"
 
 
 def rank_costs(
@@ -138,15 +139,18 @@ def rank_costs(
     step_times: pd.DataFrame | None = None,
     tp: int = 1,
     settings: StragglerSettings | None = None,
+    stopped: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Per rank, slowest first as the straggler detector judges them: `straggler` (the
-    detector's judgement over the window), `named_by` (the signal that named it: COMPUTE,
-    ARRIVAL or BOTH, empty for the others), `slower` (median excess of its time over the
-    median rank's, a fraction), `late` (median lateness at the step's end, a fraction of
-    the step), `behind_s` (seconds behind the median rank, summed) and `mean_s`.
+    detector's judgement over the window), `named_by` (the signals that named it, COMPUTE,
+    ARRIVAL, STOPPED joined by "and", empty for the others), `slower` (median excess of its
+    time over the median rank's, a fraction), `late` (median lateness at the step's end, a
+    fraction of the step), `stopped` (median time stopped beyond the median rank's, a
+    fraction of the step), `behind_s` (seconds behind the median rank, summed) and `mean_s`.
 
-    `means`, `waits` and `step_times` are step x rank grids (step, rank, value) of bucket
-    means of a per-rank time, its wait at the step's end and its step time. Each bucket is
+    `means`, `waits`, `step_times` and `stopped` are step x rank grids (step, rank, value)
+    of bucket means of a per-rank time, its wait at the step's end, its step time and the
+    time its process was stopped (CPU ranks). Each bucket is
     a step to the detector's own functions (analyzer.straggler): per signal the bar is
     the window's rank-to-rank spread and a straggler clears it in most buckets; slow by
     its time, a rank must also have arrived last (least wait) often enough (`tp`: the
@@ -164,9 +168,13 @@ def rank_costs(
     # restless cohort), min_logged_steps at least.
     step_gap = gaps.median() if len(gaps) else bucket_steps
 
+    stops = _on_grid(stopped, grid)
+
     def judged_over(steps: int) -> _Judged:
         k = max(settings.min_logged_steps, math.ceil(steps / step_gap))
-        return _judge(grid, _on_grid(waits, grid), _on_grid(step_times, grid), k, tp, settings)
+        step_s = _on_grid(step_times, grid)
+        judged = _judge(grid, _on_grid(waits, grid), step_s, k, tp, settings)
+        return judged if stops is None else _judge_stops(judged, stops, step_s, k, settings)
 
     judged = judged_over(settings.persist_steps)
     window_steps = settings.window_steps(judged.burst_share)
@@ -181,12 +189,9 @@ def rank_costs(
         .agg(behind_s=("behind_s", "sum"), mean_s=("value", "mean"))
         .reindex(grid.columns)
     )
-    straggler = judged.by_time | judged.by_arrival
-    named_by = np.select(
-        [judged.by_time & judged.by_arrival, judged.by_time, judged.by_arrival],
-        [BOTH, COMPUTE, ARRIVAL],
-        "",
-    )
+    signals = ((judged.by_time, COMPUTE), (judged.by_arrival, ARRIVAL), (judged.by_stop, STOPPED))
+    straggler = judged.by_time | judged.by_arrival | judged.by_stop
+    named_by = [" and ".join(name for by, name in signals if by[i]) for i in range(len(straggler))]
     out = pd.DataFrame(
         {
             "rank": grid.columns.to_numpy(),
@@ -194,6 +199,7 @@ def rank_costs(
             "named_by": named_by,
             "slower": np.expm1(judged.time_excess),
             "late": judged.lateness,
+            "stopped": judged.stopped,
             "behind_s": totals["behind_s"].to_numpy(),
             "mean_s": totals["mean_s"].to_numpy(),
         }
@@ -204,14 +210,16 @@ def rank_costs(
 
 @dataclass(frozen=True)
 class _Judged:
-    """Per rank of a grid, the straggler detector's two signals over the window."""
+    """Per rank of a grid, the straggler detector's signals over the window."""
 
     by_time: np.ndarray  # bool: named by its time (confirmed by arriving last)
     by_arrival: np.ndarray  # bool: named by its lateness at the step's end
     time_excess: np.ndarray  # median log ratio of its time over the median rank's
     lateness: np.ndarray  # median lateness, a fraction of the step (NaN without waits)
-    over_bar: np.ndarray  # the larger of the two medians, each over its signal's bar
+    over_bar: np.ndarray  # the largest of the signals' medians, each over its signal's bar
     burst_share: float  # share of the other ranks' buckets in bursts (`in_bursts`)
+    by_stop: np.ndarray  # bool: named by its time stopped (all False without it)
+    stopped: np.ndarray  # median time stopped beyond the median rank's, a fraction of the step
 
 
 def _judge(
@@ -239,7 +247,9 @@ def _judge(
         nothing = np.zeros(len(ranks), bool)
         lateness = np.full(len(ranks), np.nan)
         share = _burst_share(bursts, by_time)
-        return _Judged(by_time, nothing, time_scores.median(), lateness, over_bar, share)
+        return _Judged(
+            by_time, nothing, time_scores.median(), lateness, over_bar, share, nothing, lateness
+        )
     with np.errstate(all="ignore"):  # a bucket without step times: NaN, no lateness
         step_median_s = np.nan if step_s is None else np.nanmedian(step_s, axis=1)
     late_x = arrival_excess(waits, step_median_s)
@@ -248,7 +258,29 @@ def _judge(
     over_bar = np.fmax(over_bar, lateness / late_scores.bar)
     bursts |= in_bursts(late_x, late_scores.bar)
     share = _burst_share(bursts, by_time | by_arrival)
-    return _Judged(by_time, by_arrival, time_scores.median(), lateness, over_bar, share)
+    nothing = np.zeros(len(ranks), bool)
+    unknown = np.full(len(ranks), np.nan)
+    return _Judged(
+        by_time, by_arrival, time_scores.median(), lateness, over_bar, share, nothing, unknown
+    )
+
+
+def _judge_stops(
+    judged: _Judged, stops: np.ndarray, step_s: np.ndarray | None, k: int, s: StragglerSettings
+) -> _Judged:
+    """`judged` with the third signal: each rank's time stopped beyond the median rank's,
+    as a fraction of the step (`stops` and `step_s` on the grid's cells), against its own
+    bar (floor `min_stopped_share`), unconfirmed as in the detector."""
+    if step_s is None:
+        return judged
+    with np.errstate(all="ignore"):  # a bucket without values: NaN, no excess
+        x = (stops - np.nanmedian(stops, axis=1, keepdims=True)) / np.nanmedian(
+            step_s, axis=1, keepdims=True
+        )
+    by_stop, scores = _slow_in_a_window(x, k, replace(s, min_excess=s.min_stopped_share))
+    stopped = scores.median()
+    over_bar = np.fmax(judged.over_bar, stopped / scores.bar)
+    return replace(judged, by_stop=by_stop, stopped=stopped, over_bar=over_bar)
 
 
 def _burst_share(bursts: np.ndarray, slow: np.ndarray) -> float:

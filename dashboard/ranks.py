@@ -36,6 +36,7 @@ class RanksData:
     wait: Series  # wait_time_s, bucket max
     wait_means: Series  # wait_time_s, bucket mean: the straggler detector's arrival signal
     step_means: Series  # step_time_s, bucket mean: the step the arrival is a fraction of
+    stopped_means: Series  # stopped_time_s, bucket mean: the detector's third signal (CPU)
     device: dict[str, Series]  # DEVICE_METRICS fields, one bucket: the window's mean
     # COLLECTIVES prefix -> its bytes and time per step, one bucket: the window's mean.
     # Only collectives the run reported and that moved bytes.
@@ -47,9 +48,11 @@ class RanksData:
 # Asked of the collector in two requests, each one scan of the window's rank rows (one
 # request per series scanned them up to twelve times: 1.3 s for a view of 1,024 ranks x
 # 10,000 logged steps, bench/dashboard_scale.py): the heatmaps' grid, and window means.
-GRID_PAIRS = [
-    (field, agg) for field in ("compute_time_s", "step_time_s") for agg in ("max", "mean")
-] + [("wait_time_s", agg) for agg in ("max", "mean")]
+GRID_PAIRS = (
+    [(field, agg) for field in ("compute_time_s", "step_time_s") for agg in ("max", "mean")]
+    + [("wait_time_s", agg) for agg in ("max", "mean")]
+    + [("stopped_time_s", "mean")]
+)
 MEAN_FIELDS = [field for field, _, _ in DEVICE_METRICS] + [
     f"{prefix}_{what}" for prefix in COLLECTIVES for what in ("bytes", "time_s")
 ]
@@ -71,6 +74,7 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
         wait=grid[("wait_time_s", "max")],
         wait_means=grid[("wait_time_s", "mean")],
         step_means=grid[("step_time_s", "mean")],
+        stopped_means=grid[("stopped_time_s", "mean")],
         device={field: means[(field, "mean")] for field, _, _ in DEVICE_METRICS},
         **load_collectives(lambda field: means[(field, "mean")]),
     )
@@ -138,12 +142,14 @@ def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
         waits=data.wait_means.frame,
         step_times=data.step_means.frame,
         tp=tp,
+        stopped=data.stopped_means.frame,
     )
     st.caption(
-        "Judged as the straggler detector judges them, each bucket a step, by two signals: "
+        "Judged as the straggler detector judges them, each bucket a step, by its signals: "
         f"its {time_name} over the median rank's (confirmed by arriving last at the step's "
-        "end) and how much later than the median rank it arrived there, as a share of the "
-        "step. A straggler cleared a signal's bar (this window's rank-to-rank spread) in "
+        "end), how much later than the median rank it arrived there, and (CPU ranks) how "
+        "much longer its process was stopped, each as a share of the step. A straggler "
+        "cleared a signal's bar (this window's rank-to-rank spread) in "
         "most buckets of the detector's persistence window somewhere in this window; the "
         "others follow by how far they came to a bar. The cost is the time each spent "
         "beyond the median rank, summed over the window: a synchronous step waits for its "
@@ -151,13 +157,18 @@ def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
     )
     shown = costs.head(SLOWEST_SHOWN)
     st.dataframe(
-        shown.assign(slower=shown["slower"] * 100, late=shown["late"] * 100),
+        shown.assign(
+            slower=shown["slower"] * 100, late=shown["late"] * 100, stopped=shown["stopped"] * 100
+        ),
         hide_index=True,
         column_config={
             "straggler": st.column_config.CheckboxColumn("straggler"),
             "named_by": st.column_config.TextColumn("named by"),
             "slower": st.column_config.NumberColumn(f"{time_name} over median (%)", format="%.1f"),
             "late": st.column_config.NumberColumn("late at step end (% of step)", format="%.1f"),
+            "stopped": st.column_config.NumberColumn(
+                "stopped beyond median (% of step)", format="%.1f"
+            ),
             "behind_s": st.column_config.NumberColumn("cost to the job (s)", format="%.3f"),
             "mean_s": st.column_config.NumberColumn(f"mean {time_name} (s)", format="%.4f"),
         },

@@ -102,6 +102,28 @@ def test_rank_costs_name_a_rank_late_by_its_arrival_alone() -> None:
     assert not derive.rank_costs(frames[0], 1)["straggler"].any()
 
 
+def test_rank_costs_name_a_rank_stopped_from_outside_by_its_stopped_time() -> None:
+    # 4 CPU ranks compute alike and arrive together (the others wait for a stopped rank
+    # inside the collectives); rank 2's process is stopped 12% of a step more from bucket
+    # 10, the others ~1% (the stopped clock's noise). Only the stopped time names it.
+    rng = np.random.default_rng(2)
+    compute = 0.1 * np.exp(0.01 * rng.standard_normal((60, 4)))
+    waits = np.full((60, 4), 0.01)
+    step_s = np.full((60, 4), 0.1)
+    stopped = 0.001 + 0.0005 * rng.standard_normal((60, 4))
+    stopped[10:, 2] += 0.012
+    cells = [(s, r) for s in range(60) for r in range(4)]
+    frames = [grid([(s, r, v[s, r]) for s, r in cells]) for v in (compute, waits, step_s, stopped)]
+    costs = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2],
+                              stopped=frames[3])  # fmt: skip
+    assert costs["rank"][0] == 2
+    assert costs["straggler"].tolist() == [True, False, False, False]
+    assert costs["named_by"][0] == derive.STOPPED
+    assert costs["stopped"][0] == pytest.approx(0.12, abs=0.01)
+    blind = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2])
+    assert not blind["straggler"].any()
+
+
 RECORDED = Path(__file__).parents[1] / "analyzer" / "data"
 
 
