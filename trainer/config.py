@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ FLAG_HELP = {
     "not from the PaLM formula",
     "canary_every": "steps between SDC canary fingerprints (on logged steps); 0: off",
     "hooks": '"off" trains without trainvitals (to measure what the hooks cost)',
+    "stopped_interval_s": "period of the hooks' stopped clock on CPU ranks (the time a process "
+    "was stopped, for the straggler detector); 0: off",
     "checkpoint_dir": "DCP checkpoints go here (with --resume, a run goes on from the newest)",
     "checkpoint_every": "steps between checkpoints; 0: never",
     "checkpoint_every_min": "minutes of training between checkpoints (turned into steps); 0: never",
@@ -77,6 +80,7 @@ class TrainConfig:
     count_flops: bool = False
     canary_every: int = 50
     hooks: str = "on"
+    stopped_interval_s: float = 0.01
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
     checkpoint_every_min: float = 0.0
@@ -124,6 +128,10 @@ class TrainConfig:
             )
         if self.hooks not in ("on", "off"):
             raise ValueError(f"TrainConfig.hooks must be on or off, got {self.hooks!r}")
+        if not (math.isfinite(self.stopped_interval_s) and self.stopped_interval_s >= 0):
+            raise ValueError(
+                f"TrainConfig.stopped_interval_s must be >= 0, got {self.stopped_interval_s}"
+            )
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(
                 f"TrainConfig.dtype must be auto, float32 or bfloat16, got {self.dtype!r}"

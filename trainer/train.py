@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
             ),
             peak_flops_per_s=cfg.peak_flops_per_s or None,
             canary_every=cfg.canary_every,
+            stopped_interval_s=cfg.stopped_interval_s,
             time_collectives=True,  # NCCL: per-kind collective time (no effect on gloo)
             token_target=cfg.steps * cfg.global_batch * seq_len,
         )

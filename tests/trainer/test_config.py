@@ -23,6 +23,8 @@ from trainvitals.trainer.presets import PRESETS
         ({"canary_every": -5}, "TrainConfig.canary_every must be a finite number >= 0"),
         ({"peak_flops_per_s": -1}, "TrainConfig.peak_flops_per_s must be a finite number > 0"),
         ({"peak_flops_per_s": math.nan}, "TrainConfig.peak_flops_per_s must be a finite"),
+        ({"stopped_interval_s": -0.01}, "TrainConfig.stopped_interval_s must be >= 0"),
+        ({"stopped_interval_s": math.nan}, "TrainConfig.stopped_interval_s must be >= 0"),
         ({"run_id": "r" * 201}, "run_id 'rrrr"),
         ({"run_id": "a b"}, "run_id 'a b' is not valid"),
         ({"collector": "http://[::1"}, r"TrainConfig.collector .* is not a valid URL"),
