@@ -94,6 +94,29 @@ def get(url: str, **params) -> list | dict | None:
     return r.json() if r.status_code == 200 else None
 
 
+def rank_pids(root: int) -> dict[int, int]:
+    """rank -> pid of the descendants of `root` whose environment has RANK (torchrun may
+    start each rank in a session of its own: follow the parents)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry.name)] = int(stat[1])
+    family, grew = {root}, True
+    while grew:
+        kids = {pid for pid, ppid in parents.items() if ppid in family} - family
+        family |= kids
+        grew = bool(kids)
+    found = {}
+    for pid in family - {root}:
+        with contextlib.suppress(OSError):
+            for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                if var.startswith(b"RANK="):
+                    found[int(var[5:])] = pid
+    return found
+
+
 def signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
@@ -189,24 +212,7 @@ class Run:
         starts each rank in a session of its own); remembered for `kill`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            parents = {}
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    with contextlib.suppress(OSError, IndexError, ValueError):
-                        stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                        parents[int(entry.name)] = int(stat[1])
-            family, grew = {self.proc.pid}, True
-            while grew:
-                kids = {pid for pid, ppid in parents.items() if ppid in family} - family
-                family |= kids
-                grew = bool(kids)
-            found = {}
-            for pid in family - {self.proc.pid}:
-                with contextlib.suppress(OSError):
-                    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                    for var in env:
-                        if var.startswith(b"RANK="):
-                            found[int(var[5:])] = pid
+            found = rank_pids(self.proc.pid)
             if len(found) == RANKS:
                 self.ranks = found
                 return found

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import orjson
-from external_faults import duty_cycle  # bench/, run as a script
+from external_faults import duty_cycle, rank_pids  # bench/, run as a script
 
 from trainvitals.hooks.stopped import StoppedClock
 from trainvitals.schema import to_arrow
@@ -50,7 +50,7 @@ def train(out: Path, steps: int, stop_ms: int, stop_after_s: float) -> None:
     stop, thread = threading.Event(), None
     try:
         if stop_ms:
-            pid = session_rank_pid(job.pid, STOPPED_RANK)
+            pid = wait_rank_pid(job.pid, STOPPED_RANK)
             time.sleep(stop_after_s)
             thread = threading.Thread(target=duty_cycle, args=(pid, stop_ms, stop))
             thread.start()
@@ -64,29 +64,15 @@ def train(out: Path, steps: int, stop_ms: int, stop_after_s: float) -> None:
             os.killpg(job.pid, signal.SIGKILL)
 
 
-def session_rank_pid(session: int, rank: int, timeout_s: float = 120) -> int:
-    """The pid of `rank` (RANK= in its environment) among the descendants of `session`
-    (torchrun may give each rank a session of its own: follow the parents)."""
+def wait_rank_pid(root: int, rank: int, timeout_s: float = 120) -> int:
+    """The pid of `rank` among the descendants of `root`, once it has started."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        parents = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                    parents[int(entry.name)] = int(stat[1])
-        family, grew = {session}, True
-        while grew:
-            kids = {pid for pid, ppid in parents.items() if ppid in family} - family
-            family |= kids
-            grew = bool(kids)
-        for pid in family - {session}:
-            with contextlib.suppress(OSError):
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                if f"RANK={rank}".encode() in env:
-                    return pid
+        pid = rank_pids(root).get(rank)
+        if pid is not None:
+            return pid
         time.sleep(0.2)
-    raise RuntimeError(f"rank {rank} of job {session} did not start in {timeout_s} s")
+    raise RuntimeError(f"rank {rank} of job {root} did not start in {timeout_s} s")
 
 
 def shares(path: Path, from_step: int) -> dict[int, float]:
