@@ -376,7 +376,7 @@ class Watchdog:
             message = (
                 f"{rank_on(rank, r.host)} {how}; last heard {at - r.heard_s:.0f} s before this "
                 f"alert, {where}. The first rank of the run to go silent: ranks that go silent "
-                f"after it are most likely torn down because of it{self._with_it(run, at)}"
+                f"after it are most likely torn down because of it{self._with_it(run, at, rank)}"
             )
         elif any(not x.gone and not x.restored for x in run.ranks.values()):
             message = (
@@ -407,19 +407,34 @@ class Watchdog:
         )
         return [run.lost]
 
-    def _with_it(self, run: _Run, at: float) -> str:
-        """Said when other ranks have not been heard for half the silence either: if they
-        all went silent at once (a whole node or job killed), which comes first is chance."""
-        quiet = [
-            k
-            for k, x in run.ranks.items()
-            if not x.gone and x.phase != "exited" and at - x.heard_s > self.settings.silence_s / 2
-        ]
+    def _with_it(self, run: _Run, at: float, rank: int) -> str:
+        """Said when other ranks have not been heard for half the silence either, none
+        saying it was exiting: if they went silent with `rank` (a whole node or job lost),
+        which comes first is chance. Names the host when every other rank on it is quiet."""
+        half_s = self.settings.silence_s / 2
+        alive = {k: x for k, x in run.ranks.items() if k != rank and not x.gone}
+        alive = {k: x for k, x in alive.items() if x.phase not in ("exited", "ended")}
+        quiet = {k for k, x in alive.items() if at - x.heard_s > half_s}
         if not quiet:
             return ""
+        host = run.ranks[rank].host
+        on_host = {k for k, x in alive.items() if host and x.host == host}
+        if quiet == set(alive):
+            return (
+                f"; every other rank of the run ({len(quiet)}) has not been heard for over "
+                f"{half_s:g} s either, none saying it was exiting: the whole job, or every "
+                "node it ran on, was lost at once, and which rank comes first is chance"
+            )
+        if on_host and on_host <= quiet:
+            return (
+                f"; every other rank on {host} ({len(on_host)}) has not been heard for over "
+                f"{half_s:g} s either, while ranks on other hosts have: {host} was lost "
+                "(power, network, kernel) or all its processes were killed at once, and which "
+                "of its ranks comes first is chance"
+            )
         return (
             f"; {len(quiet)} other rank(s) have not been heard for over "
-            f"{self.settings.silence_s / 2:g} s either: if they went silent with it (a node or "
+            f"{half_s:g} s either: if they went silent with it (a node or "
             "the whole job lost), which one comes first is chance"
         )
 

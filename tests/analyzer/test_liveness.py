@@ -106,7 +106,31 @@ def test_ranks_silent_together_are_said_to_be() -> None:
     # 60 s without a goodbye, and which one is named first is chance; the alert says so.
     alerts = feed(heartbeats(lambda r, t: running(r, t) if t <= 60 else None, 4, 120), 0.5, 120)
     assert kinds(alerts) == [("rank_lost", "critical", 1)]  # heard last the longest ago
-    assert "3 other rank(s) have not been heard for over 5 s either" in alerts[0].message
+    assert "every other rank of the run (3) has not been heard for over 5 s" in alerts[0].message
+    assert "the whole job, or every node it ran on, was lost at once" in alerts[0].message
+
+
+def test_a_lost_node_is_named_by_its_host() -> None:
+    # node1 (ranks 2 and 3) lost at 60 s; node0's ranks go on sending heartbeats (blocked
+    # in a collective, as a real job's would be).
+    def state(rank: int, t: float):
+        if rank >= 2 and t > 60:
+            return None
+        return running(rank, min(t, 60))
+
+    alerts = feed(heartbeats(state, 4, 120), 0.5, 120)
+    assert [a.kind for a in alerts] == ["rank_lost"] and alerts[0].rank in (2, 3)
+    message = alerts[0].message
+    assert "every other rank on node1 (1) has not been heard for over 5 s either" in message
+    assert "node1 was lost" in message
+
+
+def test_some_ranks_quiet_elsewhere_are_only_counted() -> None:
+    # Ranks 1 and 3 (one on each node) go silent at 60 s: neither a whole node nor the run.
+    alerts = feed(heartbeats(lambda r, t: running(r, t) if r % 2 == 0 or t <= 60 else None, 4,
+                             120), 0.5, 120)  # fmt: skip
+    assert alerts[0].kind == "rank_lost" and alerts[0].rank in (1, 3)
+    assert "1 other rank(s) have not been heard for over 5 s either" in alerts[0].message
 
 
 def test_a_hang_names_the_rank_the_others_wait_for_and_resolves() -> None:
