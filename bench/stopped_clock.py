@@ -41,9 +41,9 @@ from trainvitals.trainer.launch import torchrun_command
 RANKS, STOPPED_RANK, WARMUP_STEPS = 4, 1, 20
 
 
-def train(out: Path, steps: int, stop_ms: int, stop_after_s: float) -> None:
+def train(out: Path, steps: int, stop_ms: int, stop_after_s: float, clock_s: float = 0.01) -> None:
     args = ["--dp", str(RANKS), "--device", "cpu", "--steps", str(steps), "--log-every", "1",
-            "--telemetry-file", str(out)]  # fmt: skip
+            "--telemetry-file", str(out), "--stopped-interval-s", str(clock_s)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(torchrun_command(RANKS, args), env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
@@ -113,6 +113,38 @@ def first_stopped_step(path: Path, share: float) -> int:
     return max(s for s, _ in steps) + 1
 
 
+def step_time_s(path: Path, from_step: int) -> float:
+    """The run's median step time over its logged steps from `from_step`."""
+    times = []
+    for line in path.read_bytes().splitlines():
+        _run, tables = to_arrow(orjson.loads(line))
+        steps = tables.get("steps")
+        if steps is not None and "step_time_s" in steps.column_names:
+            s = steps.to_pydict()
+            times += [t for n, t in zip(s["step"], s["step_time_s"], strict=True)
+                      if n >= from_step and t]  # fmt: skip
+    return statistics.median(times)
+
+
+def whole_run_cost(pairs: int, steps: int, tmp: Path) -> float:
+    """The trainer's median step time with the clock over without it, run after run (each
+    pair in a random order); the median of the pairs' ratios."""
+    import random
+
+    ratios = []
+    for i in range(pairs):
+        times = {}
+        for clock_s in random.sample([0.01, 0.0], 2):
+            out = tmp / f"cost{i}_{clock_s}.jsonl"
+            train(out, steps, 0, 0.0, clock_s)
+            times[clock_s] = step_time_s(out, WARMUP_STEPS)
+        ratios.append(times[0.01] / times[0.0])
+        on_ms, off_ms = 1e3 * times[0.01], 1e3 * times[0.0]
+        print(f"  pair {i}: step {on_ms:.1f} ms with the clock, {off_ms:.1f} ms without "
+              f"({100 * (ratios[-1] - 1):+.2f}%)", flush=True)  # fmt: skip
+    return statistics.median(ratios)
+
+
 def clock_cost(seconds: float) -> float:
     """The clock thread's CPU per second of wall time (its own schedstat), as a share of
     one core."""
@@ -169,12 +201,22 @@ def main() -> None:
     p.add_argument("--cost-s", type=float, default=20.0, help="seconds the cost is measured")
     p.add_argument("--cost-only", action="store_true", help="measure the clock's cost only")
     p.add_argument("--pairs", type=int, default=30, help="block pairs of the loop's slowdown")
+    p.add_argument("--run-pairs", type=int, default=0,
+                   help="with --cost-only: also this many pairs of whole 4-rank runs, the "
+                   "clock on and off (their median step time)")  # fmt: skip
     args = p.parse_args()
     if args.cost_only:
         cost, slower = clock_cost(args.cost_s), loop_slowdown(args.pairs, 200)
+        runs = ""
+        if args.run_pairs:
+            with tempfile.TemporaryDirectory() as tmp:
+                ratio = whole_run_cost(args.run_pairs, args.steps, Path(tmp))
+            runs = (f"; 4-rank runs {100 * (ratio - 1):+.2f}% step time (median of "
+                    f"{args.run_pairs} pairs, {args.steps} steps each)")  # fmt: skip
         print(
             f"stopped clock: cost {100 * cost:.2f}% of a core ({args.cost_s:.0f} s); a "
             f"training loop {100 * (slower - 1):+.2f}% with it (median of {args.pairs} pairs)"
+            + runs
         )
         return
     stops = [int(ms) for ms in args.stops.split(",") if ms]
