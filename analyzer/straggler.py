@@ -617,7 +617,7 @@ class StragglerDetector:
             severity="warning",
             message=(
                 f"{name_rank(s.run, ranks[0])} is a straggler{others} since step {start}: "
-                + signal.slower.format(pct=signal.percent(math.log(ratio)))
+                + signal.slower.format(pct=round(signal.percent(math.log(ratio))))
                 + f" (this run's bar: {signal.percent(scores.bar):.0f}%, from its "
                 f"rank-to-rank spread) in {scores.above[worst]} of the last {len(rows)} "
                 f"logged steps{shared}; the job loses about {cost_s * 1e3:.0f} ms per step waiting "
@@ -652,6 +652,6 @@ class StragglerDetector:
             s.step,
             s.time_unix_s,
             f"{rank} is no longer a straggler: "
-            + episode.signal.slower.format(pct=episode.signal.percent(now))
+            + episode.signal.slower.format(pct=round(episode.signal.percent(now)))  # no -0%
             + f" over the last {logged} logged steps.",
         )
