@@ -27,14 +27,11 @@ def test_late_is_what_neither_the_cpu_nor_the_run_queue_took() -> None:
     assert late_s(0.009, 0.010, 0.0, 0.0) == 0.0  # woke early (clock granularity)
 
 
-class Readings:
-    """Injected monotonic clock and schedstat, moved by the test."""
+class Thread:
+    """A thread's schedstat readings (CPU time, run-queue wait), moved by the test."""
 
     def __init__(self) -> None:
-        self.now_s, self.cpu_s, self.waiting_s = 0.0, 0.0, 0.0
-
-    def clock(self) -> float:
-        return self.now_s
+        self.cpu_s, self.waiting_s = 0.0, 0.0
 
     def __call__(self) -> tuple[float, float]:
         return self.cpu_s, self.waiting_s
@@ -43,24 +40,50 @@ class Readings:
         pass
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 def test_ticks_add_up_only_the_stops() -> None:
-    r = Readings()
-    clock = StoppedClock(0.01, schedstat=lambda: r, clock=r.clock, start=False)  # type: ignore[arg-type, return-value]
+    own, training, now = Thread(), Thread(), Clock()
+    clock = StoppedClock(0.01, schedstat=lambda path: training, clock=now, start=False)  # type: ignore[arg-type, return-value]
     assert clock.stopped_s == 0.0
-    reading = (r.now_s, r.cpu_s, r.waiting_s)
-    # An on-time wake, one delayed 20 ms by the run queue, one 25 ms late with 5 ms of that
-    # on the run queue (20 ms stopped).
+    reading = clock.read(own)
+    # The training thread blocked throughout (a collective): an on-time wake; one delayed
+    # 20 ms by the run queue; one 25 ms late with 5 ms of that on the run queue, the
+    # other 20 ms stopped.
     for elapsed_s, waiting_s in ((0.010, 0.0), (0.030, 0.020), (0.035, 0.005)):
-        r.now_s += elapsed_s
-        r.waiting_s += waiting_s
-        reading = clock.tick(*reading)
+        now.now_s += elapsed_s
+        own.waiting_s += waiting_s
+        reading = clock.tick(own, reading)
     assert clock.stopped_s == pytest.approx(0.020)
-    assert reading == (r.now_s, r.cpu_s, r.waiting_s)
+    assert reading == (now.now_s, 0.0, own.waiting_s, 0.0, 0.0)
+
+
+def test_a_gil_held_by_a_computing_training_thread_is_no_stop() -> None:
+    own, training, now = Thread(), Thread(), Clock()
+    clock = StoppedClock(0.01, schedstat=lambda path: training, clock=now, start=False)  # type: ignore[arg-type, return-value]
+    reading = clock.read(own)
+    # Woke 5 ms late: the training thread ran Python all 15 ms, holding the GIL.
+    now.now_s += 0.015
+    training.cpu_s += 0.015
+    reading = clock.tick(own, reading)
+    assert clock.stopped_s == 0.0
+    # It ran 12 of the next 15 ms and waited for a CPU 1: 2 ms of the 5 late were a stop.
+    now.now_s += 0.015
+    training.cpu_s += 0.012
+    training.waiting_s += 0.001
+    clock.tick(own, reading)
+    assert clock.stopped_s == pytest.approx(0.002)
 
 
 def test_without_schedstat_it_is_nan_and_runs_no_thread() -> None:
-    def missing() -> Schedstat:
-        raise FileNotFoundError("/proc/thread-self/schedstat")
+    def missing(path: str) -> Schedstat:
+        raise FileNotFoundError(path)
 
     clock = StoppedClock(schedstat=missing)
     assert math.isnan(clock.stopped_s) and clock._thread is None
