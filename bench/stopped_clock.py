@@ -6,12 +6,17 @@ telemetry file) in turn:
 - clean, on the machine as it is;
 - clean, with `--busy` busy processes (default 8: 4x the cores of a 2-core machine);
 - with rank 1 stopped (SIGSTOP / SIGCONT) `ms` of every 100 ms from `--stop-after-s`
-  seconds after it started, for each of `--stops`.
-Per run and rank: the median over the logged steps after the warm-up of stopped_time_s
-over step_time_s (the share of the step the clock saw stopped). The stopped runs also
-print the share the duty cycle stopped the rank (ms / 100). Then the clock's own CPU:
-one StoppedClock in this process for `--cost-s` seconds while its main thread sleeps.
-Last line: the headline.
+  seconds after it started, for each of `--stops`;
+- where cgroup v1 is writable (root): rank 1 frozen by the cgroup freezer 30 ms of every
+  100 ms (what `docker pause` uses), and rank 1 held to 30% of a CPU by a CFS quota (a
+  container's CPU limit), which the kernel counts as run-queue wait: not a stop, so the
+  clock should not see it.
+Per run and rank: the median over the logged steps after the warm-up (for a fault run,
+over its second half, after the fault began) of stopped_time_s over step_time_s: the
+share of the step the clock saw stopped. Then the clock's own CPU (its schedstat over
+`--cost-s` seconds) and what it costs a one-thread training loop beside it. `--cost-only
+--run-pairs N`: the cost alone, and N pairs of whole 4-rank runs with the clock on and
+off. Last line: the headline.
 
     python bench/stopped_clock.py
     python bench/stopped_clock.py --steps 300 --stops 12,25,50 --busy 8
@@ -29,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -41,7 +47,12 @@ from trainvitals.trainer.launch import torchrun_command
 RANKS, STOPPED_RANK, WARMUP_STEPS = 4, 1, 20
 
 
-def train(out: Path, steps: int, stop_ms: int, stop_after_s: float, clock_s: float = 0.01) -> None:
+Fault = Callable[[int, threading.Event], None]  # (pid, until): applied until set
+
+
+def train(
+    out: Path, steps: int, fault: Fault | None, fault_after_s: float, clock_s: float = 0.01
+) -> None:
     args = ["--dp", str(RANKS), "--device", "cpu", "--steps", str(steps), "--log-every", "1",
             "--telemetry-file", str(out), "--stopped-interval-s", str(clock_s)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -49,10 +60,10 @@ def train(out: Path, steps: int, stop_ms: int, stop_after_s: float, clock_s: flo
                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     stop, thread = threading.Event(), None
     try:
-        if stop_ms:
+        if fault is not None:
             pid = wait_rank_pid(job.pid, STOPPED_RANK)
-            time.sleep(stop_after_s)
-            thread = threading.Thread(target=duty_cycle, args=(pid, stop_ms, stop))
+            time.sleep(fault_after_s)
+            thread = threading.Thread(target=fault, args=(pid, stop))
             thread.start()
         if job.wait(timeout=1800) != 0:
             raise RuntimeError(f"trainer exit code {job.returncode}")
@@ -62,6 +73,71 @@ def train(out: Path, steps: int, stop_ms: int, stop_after_s: float, clock_s: flo
             thread.join()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
+
+
+def sigstops(ms: int) -> Fault:
+    """SIGSTOP / SIGCONT: stopped `ms` of every 100 ms."""
+    return lambda pid, until: duty_cycle(pid, ms, until)
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+def frozen(ms: int) -> Fault:
+    """The cgroup (v1) freezer, as `docker pause` uses it: frozen `ms` of every 100 ms."""
+
+    def fault(pid: int, until: threading.Event) -> None:
+        group = CGROUP_V1 / "freezer" / f"tv-bench-{pid}"
+        group.mkdir()
+        try:
+            (group / "cgroup.procs").write_text(str(pid))
+            while not until.is_set():
+                (group / "freezer.state").write_text("FROZEN")
+                time.sleep(ms / 1000)
+                (group / "freezer.state").write_text("THAWED")
+                time.sleep((100 - ms) / 1000)
+        finally:
+            (group / "freezer.state").write_text("THAWED")
+            _leave(group, CGROUP_V1 / "freezer")
+
+    return fault
+
+
+def cpu_quota(percent: int) -> Fault:
+    """A CPU quota (cgroup v1 CFS bandwidth, as a container's CPU limit): `percent` of one
+    CPU per 100 ms period."""
+
+    def fault(pid: int, until: threading.Event) -> None:
+        group = CGROUP_V1 / "cpu" / f"tv-bench-{pid}"
+        group.mkdir()
+        try:
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+            (group / "cgroup.procs").write_text(str(pid))
+            until.wait()
+        finally:
+            _leave(group, CGROUP_V1 / "cpu")
+
+    return fault
+
+
+def _leave(group: Path, root: Path) -> None:
+    """Move the group's processes back to the root group and remove it."""
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+def cgroup_writable(controller: str) -> bool:
+    probe = CGROUP_V1 / controller / "tv-bench-probe"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def wait_rank_pid(root: int, rank: int, timeout_s: float = 120) -> int:
@@ -91,28 +167,6 @@ def shares(path: Path, from_step: int) -> dict[int, float]:
     return {rank: statistics.median(v) for rank, v in sorted(per_rank.items())}
 
 
-def first_stopped_step(path: Path, share: float) -> int:
-    """The first logged step from which the stopped rank's share stays over `share` in
-    most steps: where the duty cycle began, in steps (the clock's own reading)."""
-    steps = []
-    for line in path.read_bytes().splitlines():
-        _run, tables = to_arrow(orjson.loads(line))
-        ranks = tables.get("ranks")
-        if ranks is None:
-            continue
-        r = ranks.to_pydict()
-        for rank, step, stopped, wall in zip(r["rank"], r["step"], r["stopped_time_s"],
-                                             r["step_time_s"], strict=True):  # fmt: skip
-            if rank == STOPPED_RANK and stopped is not None and wall:
-                steps.append((step, stopped / wall))
-    steps.sort()
-    for i, (step, _) in enumerate(steps):
-        ahead = [s for _, s in steps[i : i + 10]]
-        if len(ahead) == 10 and sum(s > share for s in ahead) >= 8:
-            return step
-    return max(s for s, _ in steps) + 1
-
-
 def step_time_s(path: Path, from_step: int) -> float:
     """The run's median step time over its logged steps from `from_step`."""
     times = []
@@ -136,7 +190,7 @@ def whole_run_cost(pairs: int, steps: int, tmp: Path) -> float:
         times = {}
         for clock_s in random.sample([0.01, 0.0], 2):
             out = tmp / f"cost{i}_{clock_s}.jsonl"
-            train(out, steps, 0, 0.0, clock_s)
+            train(out, steps, None, 0.0, clock_s)
             times[clock_s] = step_time_s(out, WARMUP_STEPS)
         ratios.append(times[0.01] / times[0.0])
         on_ms, off_ms = 1e3 * times[0.01], 1e3 * times[0.0]
@@ -197,9 +251,11 @@ def main() -> None:
     p.add_argument("--stops", default="12,25,50", help="ms stopped of every 100 ms, per run")
     p.add_argument("--busy", type=int, default=8, help="busy processes of the loaded run")
     p.add_argument("--stop-after-s", type=float, default=15.0,
-                   help="seconds after rank 1 started that its stops begin")  # fmt: skip
+                   help="seconds after rank 1 started that its fault begins")  # fmt: skip
     p.add_argument("--cost-s", type=float, default=20.0, help="seconds the cost is measured")
     p.add_argument("--cost-only", action="store_true", help="measure the clock's cost only")
+    p.add_argument("--no-cgroups", action="store_true",
+                   help="skip the freezer and CPU-quota runs (cgroup v1, as root)")  # fmt: skip
     p.add_argument("--pairs", type=int, default=30, help="block pairs of the loop's slowdown")
     p.add_argument("--run-pairs", type=int, default=0,
                    help="with --cost-only: also this many pairs of whole 4-rank runs, the "
@@ -224,14 +280,14 @@ def main() -> None:
     print(f"stopped clock on 4 CPU ranks (gloo, dp 4), {args.steps} steps each, every step "
           f"logged; {os.cpu_count()} cores; 1-min load {load:.1f}", flush=True)  # fmt: skip
     noise: dict[str, float] = {}
-    seen: dict[int, float] = {}
+    seen: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, busy in (("clean", 0), ("clean, loaded", args.busy)):
             hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                     for _ in range(busy)]  # fmt: skip
             try:
                 out = Path(tmp) / f"{name.replace(', ', '_')}.jsonl"
-                train(out, args.steps, 0, 0.0)
+                train(out, args.steps, None, 0.0)
             finally:
                 for hog in hogs:
                     hog.kill()
@@ -242,15 +298,23 @@ def main() -> None:
             print(f"{name} ({busy} busy processes): stopped share of a step per rank "
                   + ", ".join(f"{r}: {100 * v:.2f}%" for r, v in got.items())
                   + f"; rank to rank {100 * spread:.2f}%", flush=True)  # fmt: skip
-        for ms in stops:
-            out = Path(tmp) / f"stop{ms}.jsonl"
-            train(out, args.steps, ms, args.stop_after_s)
-            begun = first_stopped_step(out, 0.03)
-            got = shares(out, begun)
-            seen[ms] = got[STOPPED_RANK]
+        faults = [(f"stopped {ms} ms of every 100 ms (SIGSTOP)", sigstops(ms)) for ms in stops]
+        for controller, what, fault in (
+            ("freezer", "frozen 30 ms of every 100 ms (cgroup freezer)", frozen(30)),
+            ("cpu", "held to 30% of a CPU (CFS quota: run-queue wait, not a stop)", cpu_quota(30)),
+        ):  # fmt: skip
+            if not args.no_cgroups and cgroup_writable(controller):
+                faults.append((what, fault))
+            else:
+                print(f"skipped: rank {STOPPED_RANK} {what}: cgroup v1 {controller} not writable")
+        for i, (what, fault) in enumerate(faults):
+            out = Path(tmp) / f"fault{i}.jsonl"
+            train(out, args.steps, fault, args.stop_after_s)
+            got = shares(out, args.steps // 2)  # the fault began before mid-run
+            seen[what] = got[STOPPED_RANK]
             others = [v for r, v in got.items() if r != STOPPED_RANK]
-            print(f"rank {STOPPED_RANK} stopped {ms} ms of every 100 ms (from step {begun}): "
-                  f"seen {100 * got[STOPPED_RANK]:.1f}% of its steps stopped; the others "
+            print(f"rank {STOPPED_RANK} {what}: seen {100 * got[STOPPED_RANK]:.1f}% of its "
+                  "steps stopped (second half of the run); the others "
                   + ", ".join(f"{100 * v:.2f}%" for v in others), flush=True)  # fmt: skip
     cost, slower = clock_cost(args.cost_s), loop_slowdown(args.pairs, 200)
     print(
@@ -259,10 +323,9 @@ def main() -> None:
         f"(median of {args.pairs} pairs of blocks)"
     )
     print("stopped clock: noise " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in noise.items())
-          + " of a step at most; stops of " + ", ".join(f"{ms}" for ms in seen)
-          + " ms in 100 seen as " + ", ".join(f"{100 * v:.0f}%" for v in seen.values())
-          + f" of the step; cost {100 * cost:.2f}% of a core, a training loop "
-          f"{100 * (slower - 1):+.2f}%")  # fmt: skip
+          + " of a step at most; seen " + ", ".join(f"{100 * v:.0f}%" for v in seen.values())
+          + f" of the step for the {len(seen)} faults in turn; cost {100 * cost:.2f}% of a "
+          f"core, a training loop {100 * (slower - 1):+.2f}%")  # fmt: skip
 
 
 if __name__ == "__main__":
