@@ -24,6 +24,9 @@ Scenarios and what is expected of them:
   middle of the run: straggler naming rank 3, resolved after the throttle ends,
   nothing else; its latency in steps from the throttle's start, and the slowdown the
   throttle caused, from the per-rank step telemetry (GET /api/v1/runs/{run}/ranks/grid);
+- freeze30, quota30 (added later, by the detectors' author, root only): rank 3 frozen 30 ms
+  of every 100 ms by the cgroup v1 freezer (`docker pause`'s mechanism), and rank 3 held
+  to 30% of a CPU by a CFS quota (a container's CPU limit): the same expectation;
 - control_inject25 (beyond the brief): the positive control, the trainer's own
   `--inject straggler:rank=3,...,slowdown=0.25` on the same layout and log interval;
 - collector_restart: SIGTERM of the collector during a clean run (at logged step
@@ -57,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +82,8 @@ SCENARIOS = (
     "throttle25",
     "throttle12",
     "throttle50",
+    "freeze30",
+    "quota30",
     "control_inject25",
     "collector_restart",
     "collector_restart_late",
@@ -452,6 +458,74 @@ def duty_cycle(pid: int, stopped_ms: int, stop: threading.Event) -> None:
         signal_pid(pid, signal.SIGCONT)
 
 
+Fault = Callable[[int, threading.Event], None]  # (pid, until): applied until `until` is set
+
+
+def sigstops(ms: int) -> Fault:
+    """SIGSTOP / SIGCONT: stopped `ms` of every 100 ms."""
+    return lambda pid, until: duty_cycle(pid, ms, until)
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+def frozen(ms: int) -> Fault:
+    """The cgroup (v1) freezer, as `docker pause` uses it: frozen `ms` of every 100 ms."""
+
+    def fault(pid: int, until: threading.Event) -> None:
+        group = CGROUP_V1 / "freezer" / f"tv-bench-{pid}"
+        group.mkdir()
+        try:
+            (group / "cgroup.procs").write_text(str(pid))
+            while not until.is_set():
+                (group / "freezer.state").write_text("FROZEN")
+                time.sleep(ms / 1000)
+                (group / "freezer.state").write_text("THAWED")
+                time.sleep((100 - ms) / 1000)
+        finally:
+            (group / "freezer.state").write_text("THAWED")
+            _leave(group, CGROUP_V1 / "freezer")
+
+    return fault
+
+
+def cpu_quota(percent: int) -> Fault:
+    """A CPU quota (cgroup v1 CFS bandwidth, as a container's CPU limit): `percent` of one
+    CPU per 100 ms period."""
+
+    def fault(pid: int, until: threading.Event) -> None:
+        group = CGROUP_V1 / "cpu" / f"tv-bench-{pid}"
+        group.mkdir()
+        try:
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+            (group / "cgroup.procs").write_text(str(pid))
+            until.wait()
+        finally:
+            _leave(group, CGROUP_V1 / "cpu")
+
+    return fault
+
+
+def _leave(group: Path, root: Path) -> None:
+    """Move the group's processes back to the root group and remove it."""
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+def cgroup_writable(controller: str) -> bool:
+    probe = CGROUP_V1 / controller / "tv-bench-probe"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return False
+    return True
+
+
 # FSDP's collectives, host-timed on gloo, waiting for the slowest peer included
 # (hooks/comms.py): the rank the others wait for should spend the least time in them.
 COLLECTIVE_TIMES = ("all_gather_time_s", "reduce_scatter_time_s")
@@ -493,17 +567,22 @@ def slowdown(rows: list[dict], rank: int, start: int, end: int) -> list[str]:
     return out
 
 
-def throttle(stopped_ms: int):
+def throttle(name: str, fault: Fault, what: str, cgroup: str = ""):
+    """Rank 3 slowed by `fault` (`what` it does) for 150 steps; `cgroup`: the cgroup v1
+    controller it needs (skipped where it is not writable)."""
+
     def scenario(collector: Collector, args, tmp: Path, o: Outcome) -> None:
+        if cgroup and not cgroup_writable(cgroup):
+            o.came = f"skipped: cgroup v1 {cgroup} not writable here (needs root)"
+            return
         rank, length = 3, 150
-        name = f"throttle{stopped_ms}"
         run = Run(collector, name, args.steps, tmp / f"{name}.log")
         stop = threading.Event()
         thread = None
         try:
             run.wait_step(args.fault_step)
             pid = run.rank_pids()[rank]
-            thread = threading.Thread(target=duty_cycle, args=(pid, stopped_ms, stop))
+            thread = threading.Thread(target=fault, args=(pid, stop))
             thread.start()
             fault_s, start = fault_point(run)
             try:
@@ -513,8 +592,8 @@ def throttle(stopped_ms: int):
                 thread.join()
             end_s = time.time()
             o.notes.append(
-                f"rank {rank} (pid {pid}) stopped {stopped_ms} ms of every 100 ms from logged "
-                f"step {start} to logged step {end} ({end_s - fault_s:.0f} s)"
+                f"rank {rank} (pid {pid}) {what} from logged step {start} to logged step "
+                f"{end} ({end_s - fault_s:.0f} s)"
             )
             run.wait_end(900)
         finally:
@@ -733,6 +812,8 @@ EXPECTED = {
     "throttle25": "straggler naming rank 3, resolved after, nothing else",
     "throttle12": "straggler naming rank 3, resolved after, nothing else",
     "throttle50": "straggler naming rank 3, resolved after, nothing else",
+    "freeze30": "straggler naming rank 3, resolved after, nothing else",
+    "quota30": "straggler naming rank 3, resolved after, nothing else",
     "control_inject25": "straggler naming rank 3 (the trainer's own fault; it lasts to the end)",
     "collector_restart": "no rank_lost/hang/straggler, telemetry continues",
     "collector_restart_late": "no rank_lost/hang/straggler; its tail stored or spooled",
@@ -743,9 +824,13 @@ RUNNERS = {
     "kill9": kill9,
     "sigstop": sigstop,
     "node_loss": node_loss,
-    "throttle25": throttle(25),
-    "throttle12": throttle(12),
-    "throttle50": throttle(50),
+    "throttle25": throttle("throttle25", sigstops(25), "stopped 25 ms of every 100 ms"),
+    "throttle12": throttle("throttle12", sigstops(12), "stopped 12 ms of every 100 ms"),
+    "throttle50": throttle("throttle50", sigstops(50), "stopped 50 ms of every 100 ms"),
+    "freeze30": throttle(
+        "freeze30", frozen(30), "frozen 30 ms of every 100 ms (cgroup freezer)", "freezer"
+    ),
+    "quota30": throttle("quota30", cpu_quota(30), "held to 30% of a CPU (CFS quota)", "cpu"),
     "control_inject25": control_inject25,
     "collector_restart": collector_restart(late=False),
     "collector_restart_late": collector_restart(late=True),

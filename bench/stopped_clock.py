@@ -34,20 +34,23 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-from external_faults import duty_cycle, rank_pids  # bench/, run as a script
+from external_faults import (  # bench/, run as a script
+    Fault,
+    cgroup_writable,
+    cpu_quota,
+    frozen,
+    rank_pids,
+    sigstops,
+)
 
 from trainvitals.hooks.stopped import StoppedClock
 from trainvitals.schema import to_arrow
 from trainvitals.trainer.launch import torchrun_command
 
 RANKS, STOPPED_RANK, WARMUP_STEPS = 4, 1, 20
-
-
-Fault = Callable[[int, threading.Event], None]  # (pid, until): applied until set
 
 
 def train(
@@ -73,71 +76,6 @@ def train(
             thread.join()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
-
-
-def sigstops(ms: int) -> Fault:
-    """SIGSTOP / SIGCONT: stopped `ms` of every 100 ms."""
-    return lambda pid, until: duty_cycle(pid, ms, until)
-
-
-CGROUP_V1 = Path("/sys/fs/cgroup")
-
-
-def frozen(ms: int) -> Fault:
-    """The cgroup (v1) freezer, as `docker pause` uses it: frozen `ms` of every 100 ms."""
-
-    def fault(pid: int, until: threading.Event) -> None:
-        group = CGROUP_V1 / "freezer" / f"tv-bench-{pid}"
-        group.mkdir()
-        try:
-            (group / "cgroup.procs").write_text(str(pid))
-            while not until.is_set():
-                (group / "freezer.state").write_text("FROZEN")
-                time.sleep(ms / 1000)
-                (group / "freezer.state").write_text("THAWED")
-                time.sleep((100 - ms) / 1000)
-        finally:
-            (group / "freezer.state").write_text("THAWED")
-            _leave(group, CGROUP_V1 / "freezer")
-
-    return fault
-
-
-def cpu_quota(percent: int) -> Fault:
-    """A CPU quota (cgroup v1 CFS bandwidth, as a container's CPU limit): `percent` of one
-    CPU per 100 ms period."""
-
-    def fault(pid: int, until: threading.Event) -> None:
-        group = CGROUP_V1 / "cpu" / f"tv-bench-{pid}"
-        group.mkdir()
-        try:
-            (group / "cpu.cfs_period_us").write_text("100000")
-            (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
-            (group / "cgroup.procs").write_text(str(pid))
-            until.wait()
-        finally:
-            _leave(group, CGROUP_V1 / "cpu")
-
-    return fault
-
-
-def _leave(group: Path, root: Path) -> None:
-    """Move the group's processes back to the root group and remove it."""
-    with contextlib.suppress(OSError):
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (root / "cgroup.procs").write_text(pid)
-        group.rmdir()
-
-
-def cgroup_writable(controller: str) -> bool:
-    probe = CGROUP_V1 / controller / "tv-bench-probe"
-    try:
-        probe.mkdir()
-        probe.rmdir()
-    except OSError:
-        return False
-    return True
 
 
 def wait_rank_pid(root: int, rank: int, timeout_s: float = 120) -> int:
