@@ -140,6 +140,8 @@ class StoppedClock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+            if self._thread.is_alive():
+                return  # still reading (a stopped process): its file stays open, unused
         if self._watched is not None:
             self._watched.close()
             self._watched = None
