@@ -24,9 +24,9 @@ Scenarios and what is expected of them:
   middle of the run: straggler naming rank 3, resolved after the throttle ends,
   nothing else; its latency in steps from the throttle's start, and the slowdown the
   throttle caused, from the per-rank step telemetry (GET /api/v1/runs/{run}/ranks/grid);
-- freeze30, quota30 (added later, by the detectors' author, root only): rank 3 frozen 30 ms
+- freeze30, quota10 (added later, by the detectors' author, root only): rank 3 frozen 30 ms
   of every 100 ms by the cgroup v1 freezer (`docker pause`'s mechanism), and rank 3 held
-  to 30% of a CPU by a CFS quota (a container's CPU limit): the same expectation;
+  to 10% of a CPU by a CFS quota (a container's CPU limit): the same expectation;
 - control_inject25 (beyond the brief): the positive control, the trainer's own
   `--inject straggler:rank=3,...,slowdown=0.25` on the same layout and log interval;
 - collector_restart: SIGTERM of the collector during a clean run (at logged step
@@ -83,7 +83,7 @@ SCENARIOS = (
     "throttle12",
     "throttle50",
     "freeze30",
-    "quota30",
+    "quota10",
     "control_inject25",
     "collector_restart",
     "collector_restart_late",
@@ -813,7 +813,7 @@ EXPECTED = {
     "throttle12": "straggler naming rank 3, resolved after, nothing else",
     "throttle50": "straggler naming rank 3, resolved after, nothing else",
     "freeze30": "straggler naming rank 3, resolved after, nothing else",
-    "quota30": "straggler naming rank 3, resolved after, nothing else",
+    "quota10": "straggler naming rank 3, resolved after, nothing else",
     "control_inject25": "straggler naming rank 3 (the trainer's own fault; it lasts to the end)",
     "collector_restart": "no rank_lost/hang/straggler, telemetry continues",
     "collector_restart_late": "no rank_lost/hang/straggler; its tail stored or spooled",
@@ -830,7 +830,7 @@ RUNNERS = {
     "freeze30": throttle(
         "freeze30", frozen(30), "frozen 30 ms of every 100 ms (cgroup freezer)", "freezer"
     ),
-    "quota30": throttle("quota30", cpu_quota(30), "held to 30% of a CPU (CFS quota)", "cpu"),
+    "quota10": throttle("quota10", cpu_quota(10), "held to 10% of a CPU (CFS quota)", "cpu"),
     "control_inject25": control_inject25,
     "collector_restart": collector_restart(late=False),
     "collector_restart_late": collector_restart(late=True),

@@ -8,7 +8,7 @@ telemetry file) in turn:
 - with rank 1 stopped (SIGSTOP / SIGCONT) `ms` of every 100 ms from `--stop-after-s`
   seconds after it started, for each of `--stops`;
 - where cgroup v1 is writable (root): rank 1 frozen by the cgroup freezer 30 ms of every
-  100 ms (what `docker pause` uses), and rank 1 held to 30% of a CPU by a CFS quota (a
+  100 ms (what `docker pause` uses), and rank 1 held to 10% of a CPU by a CFS quota (a
   container's CPU limit), which the kernel counts as run-queue wait: not a stop, so the
   clock should not see it.
 Per run and rank: the median over the logged steps after the warm-up (for a fault run,
@@ -239,7 +239,7 @@ def main() -> None:
         faults = [(f"stopped {ms} ms of every 100 ms (SIGSTOP)", sigstops(ms)) for ms in stops]
         for controller, what, fault in (
             ("freezer", "frozen 30 ms of every 100 ms (cgroup freezer)", frozen(30)),
-            ("cpu", "held to 30% of a CPU (CFS quota: run-queue wait, not a stop)", cpu_quota(30)),
+            ("cpu", "held to 10% of a CPU (CFS quota: run-queue wait, not a stop)", cpu_quota(10)),
         ):  # fmt: skip
             if not args.no_cgroups and cgroup_writable(controller):
                 faults.append((what, fault))
