@@ -435,7 +435,9 @@ def test_real_run_logged_every_4_steps(tmp_path: Path) -> None:
                  "--inject", "straggler:rank=1,step=20,slowdown=0.5"], nproc=4)  # fmt: skip
     alerts = _straggler_alerts(out)
     assert [(a.rank, a.severity) for a in alerts] == [(1, "warning")]
-    assert alerts[0].start_step >= 20
+    # Its onset: step 20, or the logged step before it when that one cleared the bar by
+    # noise (no rule can tell it from the slowdown's start; 1 run of about 30: step 16).
+    assert alerts[0].start_step >= 20 - 4
 
 
 def stopped_cohort(steps: int, ranks: int, stopped: dict[int, tuple[int, float]], seed: int = 0):
