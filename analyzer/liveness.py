@@ -412,8 +412,11 @@ class Watchdog:
         saying it was exiting: if they went silent with `rank` (a whole node or job lost),
         which comes first is chance. Names the host when every other rank on it is quiet."""
         half_s = self.settings.silence_s / 2
-        alive = {k: x for k, x in run.ranks.items() if k != rank and not x.gone}
-        alive = {k: x for k, x in alive.items() if x.phase not in ("exited", "ended")}
+        alive = {
+            k: x
+            for k, x in run.ranks.items()
+            if k != rank and not x.gone and x.phase not in ("exited", "ended")
+        }
         quiet = {k for k, x in alive.items() if at - x.heard_s > half_s}
         if not quiet:
             return ""

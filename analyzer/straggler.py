@@ -154,6 +154,10 @@ class StragglerSettings:
         """The excess a rank must clear, given the run's spread `sigma`."""
         return max(self.min_excess, self.spread_multiple * sigma)
 
+    def for_stops(self) -> StragglerSettings:
+        """These settings for the stopped signal: its bar's floor is min_stopped_share."""
+        return replace(self, min_excess=self.min_stopped_share)
+
     def window_steps(self, burst_share: float) -> int:
         """Training steps a slowdown must last, given the share of clean ranks' logged
         steps spent in bursts before the window: longer in a restless cohort, where busy
@@ -236,11 +240,19 @@ def arrival_excess(wait_time_s: np.ndarray, step_time_s: float | np.ndarray) -> 
     return out if wait_time_s.ndim == 2 else out[0]
 
 
-def stopped_excess(stopped_s: np.ndarray, step_time_s: float) -> np.ndarray:
-    """How much longer than the median rank each rank was stopped in one step, as a
-    fraction of the step: (its stopped time - the median's) / step time; the seconds the
-    job waited for it, over the step."""
-    return (stopped_s - fast_median(stopped_s)) / step_time_s
+def stopped_excess(stopped_s: np.ndarray, step_time_s: float | np.ndarray) -> np.ndarray:
+    """How much longer than the median rank each rank was stopped, as a fraction of the
+    step: (its stopped time - the median's) / step time; the seconds the job waited for it,
+    over the step. Rows are steps and columns ranks (a 1-D array is one step),
+    `step_time_s` one per row; NaN (not reported) stays out of the median."""
+    if stopped_s.ndim == 1 and np.isfinite(stopped_s).all():  # the detector's case
+        return (stopped_s - fast_median(stopped_s)) / step_time_s
+    rows = np.atleast_2d(stopped_s)
+    steps_s = np.broadcast_to(np.asarray(step_time_s, dtype="float64"), (len(rows),))
+    with np.errstate(all="ignore"):  # a row without values: NaN
+        median = np.nanmedian(rows, axis=1, keepdims=True)
+        out = (rows - median) / np.where(steps_s > 0, steps_s, np.nan)[:, None]
+    return out if stopped_s.ndim == 2 else out[0]
 
 
 def in_bursts(x: np.ndarray, bar: float) -> np.ndarray:
@@ -433,7 +445,7 @@ class StragglerDetector:
             "stopped_time_s",
             "its process stopped {pct:.0f}% of a step longer than the median rank's (neither "
             "running nor waiting for a CPU: SIGSTOP, a cgroup freezer, a debugger, a paused VM)",
-            False, replace(s, min_excess=s.min_stopped_share), n,
+            False, s.for_stops(), n,
         )  # fmt: skip
         self._signals = (self._compute, self._arrival, self._stopped)
         self._waits = np.zeros((s.restless_persist_steps, n))

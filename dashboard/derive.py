@@ -24,6 +24,7 @@ from trainvitals.analyzer.straggler import (
     rank_scores,
     sigma_of,
     step_spread,
+    stopped_excess,
 )
 from trainvitals.dashboard.client import RunSummary
 
@@ -168,12 +169,11 @@ def rank_costs(
     # restless cohort), min_logged_steps at least.
     step_gap = gaps.median() if len(gaps) else bucket_steps
 
-    stops = _on_grid(stopped, grid)
+    wait_s, step_s, stops = (_on_grid(f, grid) for f in (waits, step_times, stopped))
 
     def judged_over(steps: int) -> _Judged:
         k = max(settings.min_logged_steps, math.ceil(steps / step_gap))
-        step_s = _on_grid(step_times, grid)
-        judged = _judge(grid, _on_grid(waits, grid), step_s, k, tp, settings)
+        judged = _judge(grid, wait_s, step_s, k, tp, settings)
         return judged if stops is None else _judge_stops(judged, stops, step_s, k, settings)
 
     judged = judged_over(settings.persist_steps)
@@ -273,11 +273,10 @@ def _judge_stops(
     bar (floor `min_stopped_share`), unconfirmed as in the detector."""
     if step_s is None:
         return judged
-    with np.errstate(all="ignore"):  # a bucket without values: NaN, no excess
-        x = (stops - np.nanmedian(stops, axis=1, keepdims=True)) / np.nanmedian(
-            step_s, axis=1, keepdims=True
-        )
-    by_stop, scores = _slow_in_a_window(x, k, replace(s, min_excess=s.min_stopped_share))
+    with np.errstate(all="ignore"):  # a bucket without step times: NaN, no excess
+        step_median_s = np.nanmedian(step_s, axis=1)
+    x = stopped_excess(stops, step_median_s)
+    by_stop, scores = _slow_in_a_window(x, k, s.for_stops())
     stopped = scores.median()
     over_bar = np.fmax(judged.over_bar, stopped / scores.bar)
     return replace(judged, by_stop=by_stop, stopped=stopped, over_bar=over_bar)
