@@ -4,8 +4,9 @@ In a synchronous job every rank's step takes as long as the slowest rank's, so w
 names nobody. Each rank's excess at a step does, by three signals judged apart: the log of
 its compute time over the median rank's (the hooks report the training thread's CPU time
 on CPU ranks, CUDA event time on GPU ranks), how much later than the median rank it
-arrived at the step's synchronisation point, as a fraction of the step (the only one from
-a producer without compute times), and, on CPU ranks, how much longer than the median
+arrived at the step's synchronisation points (the step's end and the model's timed
+collectives: `sync_time_s`), as a fraction of the step (the only one from a producer
+without compute times), and, on CPU ranks, how much longer than the median
 rank its process was stopped, as a fraction of the step (hooks/stopped.py: a rank stopped
 from outside uses no more CPU time, and the others wait for it inside FSDP's collectives,
 not at the step's end, so neither other signal moves).
@@ -240,6 +241,23 @@ def arrival_excess(wait_time_s: np.ndarray, step_time_s: float | np.ndarray) -> 
     return out if wait_time_s.ndim == 2 else out[0]
 
 
+def sync_time_s(wait_s: np.ndarray, collectives_s: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Time each rank spent where it waits for the others: the step's end (`wait_s`) plus
+    each kind of the model's collectives that was timed on every rank of the step (a row of
+    a grid), NaN elsewhere. Every rank's transfer is alike, so what tells them apart is the
+    wait for the last to arrive: the rank the others waited for spends the least.
+
+    FSDP makes its ranks wait for a late one in its all-gathers and reduce-scatters, not at
+    the step's end: a rank held back by a CPU quota waited 3 ms at the step's end, like the
+    others, and 96 ms less than they did in the collectives (bench/external_faults.py).
+    """
+    total = np.array(wait_s, dtype="float64")
+    for times_s in collectives_s:
+        timed = np.isfinite(times_s).all(axis=-1, keepdims=True)
+        total += np.where(timed, np.nan_to_num(times_s), 0.0)
+    return total
+
+
 def stopped_excess(stopped_s: np.ndarray, step_time_s: float | np.ndarray) -> np.ndarray:
     """How much longer than the median rank each rank was stopped, as a fraction of the
     step: (its stopped time - the median's) / step time; the seconds the job waited for it,
@@ -438,7 +456,9 @@ class StragglerDetector:
             True, s, n,
         )  # fmt: skip
         self._arrival = _Signal.empty(
-            "wait_time_s", "{pct:.0f}% of a step later than the median rank at the step's end",
+            "wait_time_s",
+            "{pct:.0f}% of a step later than the median rank at the step's end and in the "
+            "model's collectives",
             False, s, n,
         )  # fmt: skip
         self._stopped = _Signal.empty(
@@ -507,8 +527,8 @@ class StragglerDetector:
 
         Two signals, each judged against its own spread: a rank's compute time over the
         median rank's (log ratio), and how much later than the median rank it arrived at
-        the step's synchronisation point, as a fraction of the step (close to a log
-        ratio; the last to arrive waits least), which is what the job waited for it.
+        the step's synchronisation points (`sync_time_s`), as a fraction of the step (close to a
+        log ratio; the last to arrive waits least), which is what the job waited for it.
         Each misses what the other sees: on a machine with fewer cores than ranks the
         scheduler decides who arrives last; on an idle one a rank's CPU time also counts
         its polling in the collectives, so the ranks that wait longest look slowest."""
@@ -528,7 +548,8 @@ class StragglerDetector:
         else:
             self._compute.put(row, spread_row, None, zeros)
         if s.step_time_s > 0:
-            x = arrival_excess(r.wait_time_s, s.step_time_s)
+            collectives_s = (r.all_gather_time_s, r.reduce_scatter_time_s, r.all_reduce_time_s)
+            x = arrival_excess(sync_time_s(r.wait_time_s, collectives_s), s.step_time_s)
             # Seconds the job waited for it: the excess is a fraction of the step.
             self._arrival.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))
         else:

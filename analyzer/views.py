@@ -35,12 +35,16 @@ LAYER_COLUMNS = (
 # values in `<column>_nonfinite`, since both become NaN in the float arrays.
 LAYER_MARKED = ("act_max_abs", "param_norm")
 RANK_MARKED = ("grad_norm_local",)
+# Host- or event-timed collectives of the model (hooks/comms.py), waiting for the slowest
+# peer included: with the step's end (wait_time_s), where a rank waits for the others.
+COLLECTIVE_TIMES = ("all_gather_time_s", "reduce_scatter_time_s", "all_reduce_time_s")
 RANK_COLUMNS = (
     "step_time_s",
     "compute_time_s",
     "data_time_s",
     "stopped_time_s",
     "wait_time_s",
+    *COLLECTIVE_TIMES,
     "loss",
     "grad_norm_local",
     "canary_fingerprint",
@@ -113,6 +117,9 @@ class RankView:
     data_time_s: np.ndarray = _NOTHING
     stopped_time_s: np.ndarray = _NOTHING
     wait_time_s: np.ndarray = _NOTHING
+    all_gather_time_s: np.ndarray = _NOTHING
+    reduce_scatter_time_s: np.ndarray = _NOTHING
+    all_reduce_time_s: np.ndarray = _NOTHING
     loss: np.ndarray = _NOTHING
     grad_norm_local: np.ndarray = _NOTHING
     canary_fingerprint: np.ndarray = _NOTHING

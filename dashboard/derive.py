@@ -25,6 +25,7 @@ from trainvitals.analyzer.straggler import (
     sigma_of,
     step_spread,
     stopped_excess,
+    sync_time_s,
 )
 from trainvitals.dashboard.client import RunSummary
 
@@ -141,17 +142,20 @@ def rank_costs(
     tp: int = 1,
     settings: StragglerSettings | None = None,
     stopped: pd.DataFrame | None = None,
+    collectives: tuple[pd.DataFrame, ...] = (),
 ) -> pd.DataFrame:
     """Per rank, slowest first as the straggler detector judges them: `straggler` (the
     detector's judgement over the window), `named_by` (the signals that named it, COMPUTE,
     ARRIVAL, STOPPED joined by "and", empty for the others), `slower` (median excess of its
-    time over the median rank's, a fraction), `late` (median lateness at the step's end, a
-    fraction of the step), `stopped` (median time stopped beyond the median rank's, a
+    time over the median rank's, a fraction), `late` (median lateness at the step's synchronisation
+    points, a fraction of the step), `stopped` (median time stopped beyond the median rank's, a
     fraction of the step), `behind_s` (seconds behind the median rank, summed) and `mean_s`.
 
     `means`, `waits`, `step_times` and `stopped` are step x rank grids (step, rank, value)
     of bucket means of a per-rank time, its wait at the step's end, its step time and the
-    time its process was stopped (CPU ranks). Each bucket is
+    time its process was stopped (CPU ranks); `collectives` the same of each kind of
+    collective's time, which with the waits tell when it arrived (`sync_time_s`). Each
+    bucket is
     a step to the detector's own functions (analyzer.straggler): per signal the bar is
     the window's rank-to-rank spread and a straggler clears it in most buckets; slow by
     its time, a rank must also have arrived last (least wait) often enough (`tp`: the
@@ -170,10 +174,14 @@ def rank_costs(
     step_gap = gaps.median() if len(gaps) else bucket_steps
 
     wait_s, step_s, stops = (_on_grid(f, grid) for f in (waits, step_times, stopped))
+    sync_s = None
+    if wait_s is not None:
+        timed = (_on_grid(f, grid) for f in collectives)
+        sync_s = sync_time_s(wait_s, tuple(t for t in timed if t is not None))
 
     def judged_over(steps: int) -> _Judged:
         k = max(settings.min_logged_steps, math.ceil(steps / step_gap))
-        judged = _judge(grid, wait_s, step_s, k, tp, settings)
+        judged = _judge(grid, wait_s, sync_s, step_s, k, tp, settings)
         return judged if stops is None else _judge_stops(judged, stops, step_s, k, settings)
 
     judged = judged_over(settings.persist_steps)
@@ -225,14 +233,16 @@ class _Judged:
 def _judge(
     grid: pd.DataFrame,
     waits: np.ndarray | None,
+    syncs: np.ndarray | None,
     step_s: np.ndarray | None,
     k: int,
     tp: int,
     s: StragglerSettings,
 ) -> _Judged:
-    """Both signals of `grid` (steps x ranks of a per-rank time), with `waits` and
-    `step_s` on the same cells (None where not reported), judged over windows of `k`
-    buckets. Without waits only the time is judged, unconfirmed."""
+    """Both signals of `grid` (steps x ranks of a per-rank time), with `waits` (at the
+    step's end: who arrived last), `syncs` (`sync_time_s`: how late) and `step_s` on the
+    same cells (None where not reported), judged over windows of `k` buckets. Without
+    waits only the time is judged, unconfirmed."""
     ranks = grid.columns.to_numpy()
     x = excess(grid.to_numpy(dtype="float64"))
 
@@ -252,7 +262,7 @@ def _judge(
         )
     with np.errstate(all="ignore"):  # a bucket without step times: NaN, no lateness
         step_median_s = np.nan if step_s is None else np.nanmedian(step_s, axis=1)
-    late_x = arrival_excess(waits, step_median_s)
+    late_x = arrival_excess(syncs, step_median_s)
     by_arrival, late_scores = _slow_in_a_window(late_x, k, s)
     lateness = late_scores.median()
     over_bar = np.fmax(over_bar, lateness / late_scores.bar)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from trainvitals.analyzer.views import COLLECTIVE_TIMES
 from trainvitals.dashboard import charts, derive
 from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
 from trainvitals.dashboard.common import no_power_message, rank_count, view_steps
@@ -34,7 +35,9 @@ class RanksData:
     busy: Series  # time_field, bucket max
     busy_means: Series  # time_field, bucket mean: what the ranking of slow ranks sums
     wait: Series  # wait_time_s, bucket max
-    wait_means: Series  # wait_time_s, bucket mean: the straggler detector's arrival signal
+    wait_means: Series  # wait_time_s, bucket mean: who arrived last at the step's end
+    # COLLECTIVE_TIMES, bucket means: with the waits, the detector's arrival signal
+    collective_means: tuple[Series, ...]
     step_means: Series  # step_time_s, bucket mean: the step the arrival is a fraction of
     stopped_means: Series  # stopped_time_s, bucket mean: the detector's third signal (CPU)
     device: dict[str, Series]  # DEVICE_METRICS fields, one bucket: the window's mean
@@ -52,6 +55,7 @@ GRID_PAIRS = (
     [(field, agg) for field in ("compute_time_s", "step_time_s") for agg in ("max", "mean")]
     + [("wait_time_s", agg) for agg in ("max", "mean")]
     + [("stopped_time_s", "mean")]
+    + [(field, "mean") for field in COLLECTIVE_TIMES]
 )
 MEAN_FIELDS = [field for field, _, _ in DEVICE_METRICS] + [
     f"{prefix}_{what}" for prefix in COLLECTIVES for what in ("bytes", "time_s")
@@ -75,6 +79,7 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
         wait_means=grid[("wait_time_s", "mean")],
         step_means=grid[("step_time_s", "mean")],
         stopped_means=grid[("stopped_time_s", "mean")],
+        collective_means=tuple(grid[(field, "mean")] for field in COLLECTIVE_TIMES),
         device={field: means[(field, "mean")] for field, _, _ in DEVICE_METRICS},
         **load_collectives(lambda field: means[(field, "mean")]),
     )
@@ -143,11 +148,13 @@ def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
         step_times=data.step_means.frame,
         tp=tp,
         stopped=data.stopped_means.frame,
+        collectives=tuple(series.frame for series in data.collective_means),
     )
     st.caption(
         "Judged as the straggler detector judges them, each bucket a step, by its signals: "
         f"its {time_name} over the median rank's (confirmed by arriving last at the step's "
-        "end), how much later than the median rank it arrived there, and (CPU ranks) how "
+        "end), how much later than the median rank it arrived at the step's end and in the "
+        "model's collectives, and (CPU ranks) how "
         "much longer its process was stopped, each as a share of the step. A straggler "
         "cleared a signal's bar (this window's rank-to-rank spread) in "
         "most buckets of the detector's persistence window somewhere in this window; the "

@@ -1,6 +1,11 @@
 """Fault injection for the reference trainer, with ground truth, so detectors meet real faults.
 
     --inject straggler:rank=1,step=20,slowdown=0.3   rank 1 computes 30% longer from step 20
+    --inject straggler:rank=1,step=20,slowdown=0.3,how=idle
+                                                     rank 1 sleeps 30% of its compute time
+                                                     in each forward from step 20: off the
+                                                     CPU, as under a CPU quota or a slow
+                                                     file read (CPU ranks)
     --inject sdc:rank=2,step=30,fraction=0.001       rank 2 has a faulty unit from step 30: a
                                                      fraction of one op's outputs (and of the
                                                      SDC canary's) come out wrong
@@ -55,6 +60,7 @@ KINDS: dict[str, dict[str, Param]] = {
     "straggler": {
         "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
         "slowdown": Param("number", low=0, high=10, words="in (0, 10]"),
+        "how": Param("text", "busy", choices=("busy", "idle")),
     },
     "sdc": {
         "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
@@ -235,12 +241,33 @@ class FaultInjector:
         """A straggler computes `slowdown` x its normal step's compute time more (busy, not
         asleep). Normal: the median of this rank's recent steps without the injected work
         (`self.clock`), so the slowdown does not compound."""
-        faults = self._mine("straggler", step, started=True)
+        faults = [
+            f for f in self._mine("straggler", step, started=True) if f.params["how"] == "busy"
+        ]
         base_s = self.clock.baseline_s() if faults else None
         if base_s is None:
             return  # not slowed, or no step measured yet (the first step of a run)
         for f in faults:
             self.clock.busy(f.params["slowdown"] * base_s)
+
+    def arm_idle(self, model: nn.Module, step: int) -> None:
+        """From its step on (at once in a resumed run past it), an idle straggler sleeps
+        `slowdown` x its normal step's compute time in each forward, in its first block's
+        feed-forward: after that block's all-gather, so that the others wait for it in the
+        model's next collectives, not at the step's end, and with neither its CPU time
+        nor its stopped time moving (a CPU quota, a slow file read, page faults)."""
+        for f in self._mine("straggler", step, started=True):
+            armed = f.step == step or step == self.first_step
+            if f.params["how"] == "idle" and armed:
+                block = next(
+                    m for name, m in model.named_modules() if name.endswith("feed_forward")
+                )
+                block.register_forward_pre_hook(lambda _m, _i, p=f.params: self._idle(p))
+
+    def _idle(self, params: dict) -> None:
+        base_s = self.clock.baseline_s()
+        if base_s is not None:
+            time.sleep(params["slowdown"] * base_s)
 
     def crash_or_hang(self, step: int, monitor) -> None:
         """Crash or hang now, after the monitor has exported what it holds and this rank's

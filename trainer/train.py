@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     for step in range(first_step, cfg.steps):
         injector.record(monitor, step)
         injector.arm_sdc(model, monitor, step)
+        injector.arm_idle(model, step)
         injector.crash_or_hang(step, monitor)
         injector.clock.start()  # this rank's compute time, the straggler's baseline
         advance_to(batches, index := data_index(step, skipped))  # same data as an unbroken run

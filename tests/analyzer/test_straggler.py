@@ -21,10 +21,12 @@ from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.straggler import (
     StragglerDetector,
     StragglerSettings,
+    arrival_excess,
     excess,
     rank_scores,
+    sync_time_s,
 )
-from trainvitals.analyzer.views import RankView, StepView
+from trainvitals.analyzer.views import COLLECTIVE_TIMES, RankView, StepView
 from trainvitals.schema import to_arrow
 from trainvitals.simulate import splice_slowdown
 from trainvitals.trainer.launch import torchrun_command
@@ -397,10 +399,13 @@ def test_rank_scores_rank_the_slow_rank_first() -> None:
 # ---------------------------------------------------------------------------- real runs
 
 
-def _straggler_alerts(path: Path) -> list:
+def _straggler_alerts(path: Path, drop: tuple[str, ...] = ()) -> list:
+    """The straggler alerts of a telemetry file, its ranks' `drop` columns left out."""
     analyzer, alerts = Analyzer(), []
     for line in path.read_bytes().splitlines():
         run_id, tables = to_arrow(orjson.loads(line))
+        if drop and "ranks" in tables:
+            tables["ranks"] = tables["ranks"].drop_columns(list(drop))
         alerts += analyzer.observe(run_id, tables)
     return [a for a in alerts if a.kind == "straggler"]
 
@@ -491,6 +496,19 @@ def test_stops_that_end_resolve_and_noise_is_not_a_stop() -> None:
     assert rows(stopped_cohort(1000, 8, {}, seed=3)) == []  # 1% +- 0.5% on every rank
 
 
+def test_sync_time_adds_the_collectives_timed_on_every_rank() -> None:
+    wait = np.array([0.002, 0.003, 0.001])
+    gather = np.array([0.05, 0.02, 0.05])
+    partial = np.array([0.01, np.nan, 0.01])  # not timed on rank 1: left out at this step
+    got = sync_time_s(wait, (gather, partial))
+    assert got == pytest.approx([0.052, 0.023, 0.051])
+    # Rows of a grid: each row (step) on its own.
+    grid = sync_time_s(np.vstack([wait, wait]), (np.vstack([gather, partial]),))
+    assert grid == pytest.approx(np.vstack([[0.052, 0.023, 0.051], wait]))
+    # Rank 1 arrived 30 ms of a 100 ms step after the median rank.
+    assert arrival_excess(got, 0.1)[1] == pytest.approx(0.28)
+
+
 def _rank_pid(job: subprocess.Popen, rank: int) -> int | None:
     for pid in descendants(job.pid):
         try:
@@ -545,3 +563,26 @@ def test_real_run_with_a_rank_stopped_from_outside(tmp_path: Path) -> None:
     alerts = _straggler_alerts(out)
     assert [(a.rank, a.severity) for a in alerts] == [(1, "warning")], alerts
     assert "its process stopped" in alerts[0].message, alerts[0].message
+
+
+@pytest.mark.slow
+def test_real_run_with_a_rank_held_off_the_cpu(tmp_path: Path) -> None:
+    """A real 4-rank run (dp=4, gloo) with rank 3 asleep in each forward from step 20 for
+    twice its compute time (`how=idle`: a CPU quota, a slow file read), about a quarter of
+    a step: neither its CPU time nor its stopped time moves, and the others wait for it in
+    FSDP's collectives, not at the step's end. It is named by its arrival there, and nobody
+    else is; with the collectives' times left out (the step's end alone, as before),
+    nobody is named."""
+    out = tmp_path / "run.jsonl"
+    # From step 20, not 10: the run's first steps are the noisiest, and the onset is the
+    # window's first step over the bar after two in a row under it.
+    run_trainer(["--dp", "4", "--steps", "70", "--telemetry-file", str(out),
+                 "--inject", "straggler:rank=3,step=20,slowdown=2,how=idle"],
+                nproc=4)  # fmt: skip
+    alerts = _straggler_alerts(out)
+    assert [(a.rank, a.severity) for a in alerts] == [(3, "warning")], alerts
+    assert "at the step's end and in the model's collectives" in alerts[0].message, alerts[
+        0
+    ].message
+    assert alerts[0].start_step >= 20
+    assert _straggler_alerts(out, drop=COLLECTIVE_TIMES) == []

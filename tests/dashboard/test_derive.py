@@ -124,6 +124,33 @@ def test_rank_costs_name_a_rank_stopped_from_outside_by_its_stopped_time() -> No
     assert not blind["straggler"].any()
 
 
+def test_rank_costs_name_a_rank_the_others_waited_for_in_the_collectives() -> None:
+    # 4 ranks compute alike and wait alike at the step's end; from bucket 10 the others
+    # spend 25 ms more of a 100 ms step in the all-gathers, waiting for rank 1 (held off the
+    # CPU, as by a CPU quota). Only the collectives' times name it.
+    rng = np.random.default_rng(3)
+    compute = 0.02 * np.exp(0.01 * rng.standard_normal((60, 4)))
+    waits = 0.002 + 0.0005 * rng.random((60, 4))
+    gathers = 0.04 + 0.002 * rng.standard_normal((60, 4))
+    gathers[10:] += 0.025
+    gathers[10:, 1] -= 0.025
+    scatters = np.full((60, 4), 0.01)
+    step_s = np.full((60, 4), 0.1)
+    cells = [(s, r) for s in range(60) for r in range(4)]
+    frames = [grid([(s, r, v[s, r]) for s, r in cells])
+              for v in (compute, waits, step_s, gathers, scatters)]  # fmt: skip
+    costs = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2],
+                              collectives=(frames[3], frames[4]))  # fmt: skip
+    assert costs["rank"][0] == 1
+    assert costs["straggler"].tolist() == [True, False, False, False]
+    assert costs["named_by"][0] == derive.ARRIVAL
+    # 25 ms less than the others; the median of 4 is the mean of the two middle ones,
+    # which the gathers' noise pulls down.
+    assert costs["late"][0] == pytest.approx(0.23, abs=0.015)
+    blind = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2])
+    assert not blind["straggler"].any()
+
+
 RECORDED = Path(__file__).parents[1] / "analyzer" / "data"
 
 

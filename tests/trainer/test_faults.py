@@ -102,7 +102,7 @@ def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
             inj.record(monitor, step)
     assert monitor.events == [
         ("fault:spike", 3, -1, {"kind": "lr"}),
-        ("fault:straggler", 3, 1, {"slowdown": 0.2}),
+        ("fault:straggler", 3, 1, {"slowdown": 0.2, "how": "busy"}),
         ("fault:nan", 5, -1, {}),
         ("fault:sdc", 6, 1, {"mode": "bitflip"}),  # no "fraction": a bit flip has none
     ]
