@@ -685,6 +685,7 @@ class StragglerDetector:
             s.step,
             s.time_unix_s,
             f"{rank} is no longer a straggler: "
-            + episode.signal.slower.format(pct=round(episode.signal.percent(now)))  # no -0%
+            # A rank now under the median rank is 0% slower, not "-1% later" (nor "-0%").
+            + episode.signal.slower.format(pct=max(0, round(episode.signal.percent(now))))
             + f" over the last {logged} logged steps.",
         )
