@@ -6,6 +6,9 @@
                                                      in each forward from step 20: off the
                                                      CPU, as under a CPU quota or a slow
                                                      file read (CPU ranks)
+    --inject straggler:rank=1,step=20,slowdown=0.3,until=80,ramp=40
+                                                     from step 20 to step 79, growing to
+                                                     30% over its first 40 steps
     --inject sdc:rank=2,step=30,fraction=0.001       rank 2 has a faulty unit from step 30: a
                                                      fraction of one op's outputs (and of the
                                                      SDC canary's) come out wrong
@@ -61,6 +64,8 @@ KINDS: dict[str, dict[str, Param]] = {
         "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
         "slowdown": Param("number", low=0, high=10, words="in (0, 10]"),
         "how": Param("text", "busy", choices=("busy", "idle")),
+        "until": Param("whole", 0),  # the first step no longer slowed; 0: the run's end
+        "ramp": Param("whole", 0),  # steps over which the slowdown grows to its full size
     },
     "sdc": {
         "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
@@ -139,6 +144,11 @@ class FaultInjector:
         for f in self.faults:
             if f.rank >= world_size:
                 raise ValueError(f"--inject {f.kind}: rank {f.rank} >= world size {world_size}")
+            until = f.params.get("until", 0)
+            if until and until <= f.step:
+                raise ValueError(
+                    f"--inject {f.kind}: until ({until}) must come after step ({f.step})"
+                )
         self.rank = rank
         self.node = os.environ.get(NODE_ENV, "") if node is None else node
         self.local_rank = (
@@ -147,6 +157,7 @@ class FaultInjector:
         self.first_step = first_step
         self._diverging: tuple[int, float] | None = None  # (step, growth) of a diverge fault
         self.clock = ComputeClock(device or torch.device("cpu"))
+        self._step = first_step  # the step in progress (arm_idle), for an idle straggler
 
     def _fires(self, f: Fault) -> bool:
         """False for a crash or hang in a resumed run: it fired in the run before."""
@@ -248,7 +259,18 @@ class FaultInjector:
         if base_s is None:
             return  # not slowed, or no step measured yet (the first step of a run)
         for f in faults:
-            self.clock.busy(f.params["slowdown"] * base_s)
+            if slowdown := self._slowdown(f, step):
+                self.clock.busy(slowdown * base_s)
+
+    @staticmethod
+    def _slowdown(f: Fault, step: int) -> float:
+        """A straggler's slowdown at `step` (at or after its first): none from `until` on,
+        growing linearly over its first `ramp` steps."""
+        p = f.params
+        if p["until"] and step >= p["until"]:
+            return 0.0
+        grown = min(1.0, (step - f.step + 1) / p["ramp"]) if p["ramp"] else 1.0
+        return p["slowdown"] * grown
 
     def arm_idle(self, model: nn.Module, step: int) -> None:
         """From its step on (at once in a resumed run past it), an idle straggler sleeps
@@ -256,18 +278,20 @@ class FaultInjector:
         feed-forward: after that block's all-gather, so that the others wait for it in the
         model's next collectives, not at the step's end, and with neither its CPU time
         nor its stopped time moving (a CPU quota, a slow file read, page faults)."""
+        self._step = step
         for f in self._mine("straggler", step, started=True):
             armed = f.step == step or step == self.first_step
             if f.params["how"] == "idle" and armed:
                 block = next(
                     m for name, m in model.named_modules() if name.endswith("feed_forward")
                 )
-                block.register_forward_pre_hook(lambda _m, _i, p=f.params: self._idle(p))
+                block.register_forward_pre_hook(lambda _m, _i, f=f: self._idle(f))
 
-    def _idle(self, params: dict) -> None:
+    def _idle(self, f: Fault) -> None:
         base_s = self.clock.baseline_s()
-        if base_s is not None:
-            time.sleep(params["slowdown"] * base_s)
+        slowdown = self._slowdown(f, self._step)
+        if base_s is not None and slowdown:
+            time.sleep(slowdown * base_s)
 
     def crash_or_hang(self, step: int, monitor) -> None:
         """Crash or hang now, after the monitor has exported what it holds and this rank's

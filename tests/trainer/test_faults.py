@@ -102,7 +102,7 @@ def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
             inj.record(monitor, step)
     assert monitor.events == [
         ("fault:spike", 3, -1, {"kind": "lr"}),
-        ("fault:straggler", 3, 1, {"slowdown": 0.2, "how": "busy"}),
+        ("fault:straggler", 3, 1, {"slowdown": 0.2, "how": "busy", "until": 0, "ramp": 0}),
         ("fault:nan", 5, -1, {}),
         ("fault:sdc", 6, 1, {"mode": "bitflip"}),  # no "fraction": a bit flip has none
     ]
@@ -239,6 +239,29 @@ def test_a_straggler_scales_from_its_whole_normal_step_without_compounding() -> 
     assert all(x == pytest.approx(0.008, abs=1e-4) for x in inj.clock.samples), inj.clock.samples
     assert max(injected[:3]) < 1e-4, injected  # not before its step
     assert all(x == pytest.approx(0.004, abs=1e-4) for x in injected[3:]), injected  # 0.5 x 8 ms
+
+
+def test_a_straggler_can_grow_over_ramp_steps_and_end_at_until() -> None:
+    """ramp=4: 1/4, 2/4, 3/4 then all of the slowdown from its step; none from `until`."""
+    inj = FaultInjector(["straggler:rank=0,step=3,slowdown=0.8,ramp=4,until=9"], rank=0,
+                        world_size=1)  # fmt: skip
+    cpu = _CpuClock()
+    inj.clock = ComputeClock(torch.device("cpu"), clock=cpu)
+    injected = []
+    for step in range(11):
+        inj.clock.start()
+        cpu.work(0.01)
+        before = cpu()
+        inj.slow_down(step)
+        injected.append(cpu() - before)
+        inj.clock.end()
+    want = [0, 0, 0, 0.002, 0.004, 0.006, 0.008, 0.008, 0.008, 0, 0]  # x 10 ms
+    assert injected == pytest.approx(want, abs=1e-4), injected
+
+
+def test_a_straggler_that_ends_before_it_starts_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"until \(5\) must come after step \(5\)"):
+        FaultInjector(["straggler:rank=0,step=5,slowdown=0.1,until=5"], rank=0, world_size=1)
 
 
 @pytest.mark.slow

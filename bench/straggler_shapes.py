@@ -1,0 +1,200 @@
+"""Stragglers of shapes the straggler detector was not built around, on real runs.
+
+The detector was tuned on stragglers that start at one step and stay (bench/detect.py).
+Here the reference trainer (4 CPU ranks, dp 2 x tp 2, every step logged, 8 busy
+processes on the machine's cores unless said) meets others:
+- on-off: one rank 25% slower for 60 steps, three times, with 60 steps between;
+- ramp: one rank slowing from 0 to 30% over 200 steps (a part wearing out, a clock
+  drifting down), then staying so;
+- two at once: two of the four ranks 25% slower from the same step;
+- idle: one rank asleep in its forward for twice its compute time (`how=idle`, as under a
+  CPU quota), loaded and on a quiet machine;
+- 8 ranks (dp 4 x tp 2) with a 15% straggler, loaded.
+
+Each episode is expected to raise a straggler alert naming its rank(s) within
+`WITHIN_STEPS` of its start (the restless window's 60 steps plus 20; a ramp, whenever it
+is named), and a resolve after it ends (where it ends); every other alert is counted as
+false. Most shapes run twice: loaded, and with no load added ("quiet-"). The telemetry files are
+kept in --real-dir and reused. The last line is the headline.
+
+    python bench/straggler_shapes.py [--only NAME,...] [--real-dir DIR] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from detect import RealRun, train  # bench/, run as a script
+
+from trainvitals.analyzer import Analyzer
+from trainvitals.analyzer.alerts import Alert
+from trainvitals.schema import to_arrow
+
+WITHIN_STEPS = 80  # an episode is named in time when its alert comes this soon after it began
+RESOLVE_STEPS = 100  # ... and resolved in time when the resolve comes this soon after it ended
+
+
+@dataclass(frozen=True)
+class Episode:
+    ranks: tuple[int, ...]
+    first: int
+    end: int | None  # the first step no longer slowed; None: the run's end
+    within: int = WITHIN_STEPS  # steps after `first` in which it must be named
+
+
+@dataclass(frozen=True)
+class Shape:
+    run: RealRun
+    episodes: tuple[Episode, ...]
+    note: str
+
+
+def _on_off(loaded: bool) -> Shape:
+    """Rank 1 25% slower for 60 steps, three times, 60 steps apart."""
+    starts, length = (40, 160, 280), 60
+    injects = tuple(f"straggler:rank=1,step={s},slowdown=0.25,until={s + length}" for s in starts)
+    episodes = tuple(Episode((1,), s, s + length) for s in starts)
+    return Shape(RealRun(injects, starts[-1] + length + 60, loaded), episodes, "on and off")
+
+
+def _ramp(loaded: bool) -> Shape:
+    """Rank 2 slowing from 0 to 30% over steps 50-249: named whenever it is, the latency
+    counted from the ramp's start (it is 10% slower at step 116, 20% at 182)."""
+    run = RealRun(("straggler:rank=2,step=50,slowdown=0.3,ramp=200",), 350, loaded)
+    return Shape(run, (Episode((2,), 50, None, within=300),), "0 to 30% over steps 50-249")
+
+
+def _two(loaded: bool) -> Shape:
+    injects = tuple(f"straggler:rank={r},step=40,slowdown=0.25" for r in (1, 2))
+    return Shape(RealRun(injects, 160, loaded), (Episode((1, 2), 40, None),), "ranks 1 and 2")
+
+
+SHAPES = {
+    "on-off25": _on_off(True),
+    "quiet-on-off25": _on_off(False),
+    "ramp30": _ramp(True),
+    "quiet-ramp30": _ramp(False),
+    "two25": _two(True),
+    "quiet-two25": _two(False),
+    "idle": Shape(
+        RealRun(("straggler:rank=3,step=40,slowdown=2,how=idle",), steps=160),
+        (Episode((3,), 40, None),),
+        "asleep twice its compute time",
+    ),
+    "quiet-idle": Shape(
+        RealRun(("straggler:rank=3,step=40,slowdown=2,how=idle",), steps=160, loaded=False),
+        (Episode((3,), 40, None),),
+        "asleep twice its compute time, no load added",
+    ),
+    "8rank15": Shape(
+        RealRun(("straggler:rank=5,step=30,slowdown=0.15",), steps=120, nproc=8),
+        (Episode((5,), 30, None),),
+        "8 ranks, dp 4 x tp 2",
+    ),
+}
+
+
+def alerts_of(path: Path) -> list[Alert]:
+    analyzer, out = Analyzer(), []
+    for line in path.read_bytes().splitlines():
+        run_id, tables = to_arrow(orjson.loads(line))
+        out += analyzer.observe(run_id, tables)
+    return out
+
+
+def named_ranks(alert: Alert) -> set[int]:
+    """The ranks a straggler alert names: its own and those after "also"."""
+    head = alert.message.split(" since step")[0]
+    return {int(r) for r in re.findall(r"rank (\d+)", head)}
+
+
+def judge(name: str, shape: Shape, alerts: list[Alert]) -> tuple[list[str], int, int, list[int]]:
+    """Lines of the report, episodes named in time, false alerts, latencies."""
+    raised = [a for a in alerts if a.severity != "resolved"]
+    resolves = [a for a in alerts if a.severity == "resolved"]
+    used: set[int] = set()
+    lines, named, latencies = [], 0, []
+    for ep in shape.episodes:
+        hits = [
+            a for a in raised
+            if a.kind == "straggler" and ep.first <= a.step <= ep.first + ep.within
+            and named_ranks(a) & set(ep.ranks)
+        ]  # fmt: skip
+        got = set().union(*(named_ranks(a) for a in hits)) & set(ep.ranks)
+        used |= {id(a) for a in hits}
+        span = f"steps {ep.first}-{'end' if ep.end is None else ep.end - 1}"
+        if got != set(ep.ranks):
+            lines.append(f"    ranks {list(ep.ranks)} {span}: named {sorted(got) or 'none'}")
+            continue
+        named += 1
+        latencies.append(hits[0].step - ep.first)
+        resolved = ""
+        if ep.end is not None:
+            late = [r.step for r in resolves if ep.end <= r.step <= ep.end + RESOLVE_STEPS]
+            resolved = f", resolved at {late[0]}" if late else ", NOT resolved in time"
+        lines.append(
+            f"    ranks {list(ep.ranks)} {span}: named at step {hits[0].step} "
+            f"(onset {hits[0].start_step}, +{hits[0].step - ep.first}){resolved}: "
+            f"{hits[0].message[:160]}"
+        )
+    false = [a for a in raised if id(a) not in used]
+    for a in false:
+        lines.append(f"    FALSE {a.kind} at step {a.step}: {a.message[:160]}")
+    head = (
+        f"{name} ({shape.note}; {shape.run.nproc} ranks, {shape.run.steps} steps, "
+        f"{'loaded' if shape.run.loaded else 'no load added'}): {named}/{len(shape.episodes)} "
+        f"episodes named in time, {len(false)} false alerts"
+    )
+    return [head, *lines], named, len(false), latencies
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help=f"comma-separated among {','.join(SHAPES)}")
+    p.add_argument(
+        "--real-dir", default=str(Path(tempfile.gettempdir()) / "trainvitals-shapes"),
+        help="telemetry files of the runs (made once, then reused)",
+    )  # fmt: skip
+    p.add_argument("--out", help="also write the report here")
+    args = p.parse_args()
+    names = args.only.split(",") if args.only else list(SHAPES)
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        p.error(f"--only: no shape {unknown[0]!r} (shapes: {', '.join(SHAPES)})")
+    out_dir = Path(args.real_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "$ python bench/straggler_shapes.py " + " ".join(sys.argv[1:]),
+        f"# {os.cpu_count()} cores, 1-min load average {os.getloadavg()[0]:.1f} at the start",
+    ]
+    episodes = named = false = 0
+    latencies: list[int] = []
+    for name in names:
+        shape = SHAPES[name]
+        path = out_dir / f"{name}.jsonl"
+        note = train(name, shape.run, path) if not path.exists() else f"reused {path}"
+        report, n, f, lat = judge(name, shape, alerts_of(path))
+        lines += [report[0] + f" ({note})", *report[1:]]
+        episodes += len(shape.episodes)
+        named, false, latencies = named + n, false + f, latencies + lat
+    median = f"{statistics.median(latencies):.0f}" if latencies else "n/a"
+    lines.append(
+        f"straggler shapes: {named}/{episodes} episodes named in time, "
+        f"{false} false alerts, median latency {median} steps"
+    )
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
