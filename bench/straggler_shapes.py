@@ -8,7 +8,7 @@ processes on the machine's cores unless said) meets others:
   drifting down), then staying so;
 - two at once: two of the four ranks 25% slower from the same step;
 - idle: one rank asleep in its forward for twice its compute time (`how=idle`, as under a
-  CPU quota), loaded and on a quiet machine;
+  CPU quota), dp 4 and dp 2 x tp 2 (whose tensor-parallel collectives gloo does not time);
 - 8 ranks (dp 4 x tp 2) with a 15% straggler, loaded.
 
 Each episode is expected to raise a straggler alert naming its rank(s) within
@@ -77,6 +77,14 @@ def _two(loaded: bool) -> Shape:
     return Shape(RealRun(injects, 160, loaded), (Episode((1, 2), 40, None),), "ranks 1 and 2")
 
 
+def _idle(loaded: bool) -> Shape:
+    """Rank 3 asleep in its forward for twice its compute time, dp 4 without tensor
+    parallelism: on gloo every collective the others wait for it in is timed."""
+    run = RealRun(("straggler:rank=3,step=40,slowdown=2,how=idle",), 160, loaded,
+                  extra=("--dp", "4", "--tp", "1"))  # fmt: skip
+    return Shape(run, (Episode((3,), 40, None),), "asleep twice its compute time, dp 4")
+
+
 SHAPES = {
     "on-off25": _on_off(True),
     "quiet-on-off25": _on_off(False),
@@ -84,15 +92,17 @@ SHAPES = {
     "quiet-ramp30": _ramp(False),
     "two25": _two(True),
     "quiet-two25": _two(False),
+    "idle-dp4": _idle(True),
+    "quiet-idle-dp4": _idle(False),
     "idle": Shape(
         RealRun(("straggler:rank=3,step=40,slowdown=2,how=idle",), steps=160),
         (Episode((3,), 40, None),),
-        "asleep twice its compute time",
+        "asleep twice its compute time, dp 2 x tp 2",
     ),
     "quiet-idle": Shape(
         RealRun(("straggler:rank=3,step=40,slowdown=2,how=idle",), steps=160, loaded=False),
         (Episode((3,), 40, None),),
-        "asleep twice its compute time, no load added",
+        "asleep twice its compute time, dp 2 x tp 2",
     ),
     "8rank15": Shape(
         RealRun(("straggler:rank=5,step=30,slowdown=0.15",), steps=120, nproc=8),
