@@ -9,7 +9,8 @@ processes on the machine's cores unless said) meets others:
 - two at once: two of the four ranks 25% slower from the same step;
 - idle: one rank asleep in its forward for twice its compute time (`how=idle`, as under a
   CPU quota), dp 4 and dp 2 x tp 2 (whose tensor-parallel collectives gloo does not time);
-- 8 ranks (dp 4 x tp 2) with a 15% straggler, loaded.
+- 8 ranks (dp 4 x tp 2) with a 15% straggler, loaded;
+- no straggler at all: two clean loaded 1,000-step runs at dp 4.
 
 Each episode is expected to raise a straggler alert naming its rank(s) within
 `WITHIN_STEPS` of its start (the restless window's 60 steps plus 20; a ramp, whenever it
@@ -85,6 +86,13 @@ def _idle(loaded: bool) -> Shape:
     return Shape(run, (Episode((3,), 40, None),), "asleep twice its compute time, dp 4")
 
 
+def _clean(seed: str) -> Shape:
+    """No straggler, dp 4: every collective is timed, so the arrival signal holds the most;
+    loaded, 1,000 steps. Every alert is false."""
+    run = RealRun(steps=1000, extra=("--dp", "4", "--tp", "1", "--seed", seed))
+    return Shape(run, (), "no straggler, dp 4")
+
+
 SHAPES = {
     "on-off25": _on_off(True),
     "quiet-on-off25": _on_off(False),
@@ -104,6 +112,8 @@ SHAPES = {
         (Episode((3,), 40, None),),
         "asleep twice its compute time, dp 2 x tp 2",
     ),
+    "clean-dp4-a": _clean("7"),
+    "clean-dp4-b": _clean("8"),
     "8rank15": Shape(
         RealRun(("straggler:rank=5,step=30,slowdown=0.15",), steps=120, nproc=8),
         (Episode((5,), 30, None),),
