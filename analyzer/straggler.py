@@ -244,13 +244,14 @@ def arrival_excess(wait_time_s: np.ndarray, step_time_s: float | np.ndarray) -> 
 def sync_time_s(wait_s: np.ndarray, collectives_s: tuple[np.ndarray, ...]) -> np.ndarray:
     """Time each rank spent where it waits for the others: the step's end (`wait_s`) plus
     each kind of the model's collectives that was timed on every rank of the step (a row of
-    a grid), NaN elsewhere. Every rank's transfer is alike, so what tells them apart is the
+    a grid); a kind some rank did not time is left out of that step, and a NaN wait stays
+    NaN. Every rank's transfer is alike, so what tells them apart is the
     wait for the last to arrive: the rank the others waited for spends the least.
 
     FSDP makes its ranks wait for a late one in its all-gathers and reduce-scatters, not at
-    the step's end: a rank held back by a CPU quota waited 3 ms at the step's end, like the
-    others, and 96 ms less than they did in the collectives (bench/external_faults.py).
-    """
+    the step's end: a rank held back by a CPU quota waited 3 ms a step at the step's end,
+    the others 4 ms, and 96 ms less than they did in the collectives, in 353 ms steps
+    (bench/results/external_faults_quota.txt)."""
     total = np.array(wait_s, dtype="float64")
     for times_s in collectives_s:
         timed = np.isfinite(times_s).all(axis=-1, keepdims=True)
@@ -525,10 +526,11 @@ class StragglerDetector:
     def _push(self, r: RankView, s: StepView) -> bool:
         """This step's excesses and costs into the rings; False if it has none.
 
-        Two signals, each judged against its own spread: a rank's compute time over the
-        median rank's (log ratio), and how much later than the median rank it arrived at
-        the step's synchronisation points (`sync_time_s`), as a fraction of the step (close to a
-        log ratio; the last to arrive waits least), which is what the job waited for it.
+        Three signals, each judged against its own spread: a rank's compute time over the
+        median rank's (log ratio); how much later than the median rank it arrived at the
+        step's synchronisation points (`sync_time_s`), as a fraction of the step (close to
+        a log ratio; the last to arrive waits least), which is what the job waited for it;
+        and, where reported, how much longer it was stopped, as a fraction of the step.
         Each misses what the other sees: on a machine with fewer cores than ranks the
         scheduler decides who arrives last; on an idle one a rank's CPU time also counts
         its polling in the collectives, so the ranks that wait longest look slowest."""

@@ -147,16 +147,16 @@ def rank_costs(
     """Per rank, slowest first as the straggler detector judges them: `straggler` (the
     detector's judgement over the window), `named_by` (the signals that named it, COMPUTE,
     ARRIVAL, STOPPED joined by "and", empty for the others), `slower` (median excess of its
-    time over the median rank's, a fraction), `late` (median lateness at the step's synchronisation
-    points, a fraction of the step), `stopped` (median time stopped beyond the median rank's, a
-    fraction of the step), `behind_s` (seconds behind the median rank, summed) and `mean_s`.
+    time over the median rank's, a fraction), `late` (median lateness at the step's
+    synchronisation points, a fraction of the step), `stopped` (median time stopped beyond
+    the median rank's, a fraction of the step), `behind_s` (seconds behind the median rank,
+    summed) and `mean_s`.
 
     `means`, `waits`, `step_times` and `stopped` are step x rank grids (step, rank, value)
     of bucket means of a per-rank time, its wait at the step's end, its step time and the
     time its process was stopped (CPU ranks); `collectives` the same of each kind of
     collective's time, which with the waits tell when it arrived (`sync_time_s`). Each
-    bucket is
-    a step to the detector's own functions (analyzer.straggler): per signal the bar is
+    bucket is a step to the detector's own functions (analyzer.straggler): per signal the bar is
     the window's rank-to-rank spread and a straggler clears it in most buckets; slow by
     its time, a rank must also have arrived last (least wait) often enough (`tp`: the
     run's tensor-parallel degree, for its data-parallel peers). Without waits only the
