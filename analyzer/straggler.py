@@ -8,8 +8,8 @@ arrived at the step's synchronisation points (the step's end and the model's tim
 collectives: `sync_time_s`), as a fraction of the step (the only one from a producer
 without compute times), and, on CPU ranks, how much longer than the median
 rank its process was stopped, as a fraction of the step (hooks/stopped.py: a rank stopped
-from outside uses no more CPU time, and the others wait for it inside FSDP's collectives,
-not at the step's end, so neither other signal moves).
+from outside uses no more CPU time, and most of its stops land inside a collective, where
+every rank waits anyway, so neither other signal moves enough).
 
 Per signal, the bar is the run's own rank-to-rank spread, not a fixed percentage: a
 robust sigma of the excesses (1.4826 x the median over recent steps of the cohort's median absolute
