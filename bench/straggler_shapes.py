@@ -18,7 +18,7 @@ is named), and a resolve after it ends (where it ends); every other alert is cou
 false. Most shapes run twice: loaded, and with no load added ("quiet-"). The telemetry files are
 kept in --real-dir and reused. The last line is the headline.
 
-    python bench/straggler_shapes.py [--only NAME,...] [--real-dir DIR] [--out FILE]
+    python bench/straggler_shapes.py [--only NAME,...] [--real-dir DIR] [--set S.F=V] [--out FILE]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from detect import RealRun, train  # bench/, run as a script
 
 from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.alerts import Alert
+from trainvitals.analyzer.config import AnalyzerConfig
 from trainvitals.schema import to_arrow
 
 WITHIN_STEPS = 80  # an episode is named in time when its alert comes this soon after it began
@@ -122,8 +123,8 @@ SHAPES = {
 }
 
 
-def alerts_of(path: Path) -> list[Alert]:
-    analyzer, out = Analyzer(), []
+def alerts_of(path: Path, config: AnalyzerConfig) -> list[Alert]:
+    analyzer, out = Analyzer(config=config), []
     for line in path.read_bytes().splitlines():
         run_id, tables = to_arrow(orjson.loads(line))
         out += analyzer.observe(run_id, tables)
@@ -183,8 +184,16 @@ def main() -> None:
         "--real-dir", default=str(Path(tempfile.gettempdir()) / "trainvitals-shapes"),
         help="telemetry files of the runs (made once, then reused)",
     )  # fmt: skip
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        help="a detector setting other than its default (analyzer/config.py)",
+    )  # fmt: skip
     p.add_argument("--out", help="also write the report here")
     args = p.parse_args()
+    try:
+        config = AnalyzerConfig.load(overrides=args.set)
+    except ValueError as e:
+        p.error(str(e))
     names = args.only.split(",") if args.only else list(SHAPES)
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
@@ -201,7 +210,7 @@ def main() -> None:
         shape = SHAPES[name]
         path = out_dir / f"{name}.jsonl"
         note = train(name, shape.run, path) if not path.exists() else f"reused {path}"
-        report, n, f, lat = judge(name, shape, alerts_of(path))
+        report, n, f, lat = judge(name, shape, alerts_of(path, config))
         lines += [report[0] + f" ({note})", *report[1:]]
         episodes += len(shape.episodes)
         named, false, latencies = named + n, false + f, latencies + lat

@@ -174,6 +174,9 @@ def rank_costs(
     step_gap = gaps.median() if len(gaps) else bucket_steps
 
     wait_s, step_s, stops = (_on_grid(f, grid) for f in (waits, step_times, stopped))
+    # Per bucket, the step the arrival and stopped excesses are fractions of.
+    with np.errstate(all="ignore"):  # a bucket without step times: NaN, no excess
+        step_median_s = np.nan if step_s is None else np.nanmedian(step_s, axis=1)
     sync_s = None
     if wait_s is not None:
         timed = (_on_grid(f, grid) for f in collectives)
@@ -181,8 +184,10 @@ def rank_costs(
 
     def judged_over(steps: int) -> _Judged:
         k = max(settings.min_logged_steps, math.ceil(steps / step_gap))
-        judged = _judge(grid, wait_s, sync_s, step_s, k, tp, settings)
-        return judged if stops is None else _judge_stops(judged, stops, step_s, k, settings)
+        judged = _judge(grid, wait_s, sync_s, step_median_s, k, tp, settings)
+        if stops is None or step_s is None:
+            return judged
+        return _judge_stops(judged, stops, step_median_s, k, settings)
 
     judged = judged_over(settings.persist_steps)
     window_steps = settings.window_steps(judged.burst_share)
@@ -234,15 +239,15 @@ def _judge(
     grid: pd.DataFrame,
     waits: np.ndarray | None,
     syncs: np.ndarray | None,
-    step_s: np.ndarray | None,
+    step_median_s: np.ndarray | float,
     k: int,
     tp: int,
     s: StragglerSettings,
 ) -> _Judged:
     """Both signals of `grid` (steps x ranks of a per-rank time), with `waits` (at the
-    step's end: who arrived last), `syncs` (`sync_time_s`: how late) and `step_s` on the
-    same cells (None where not reported), judged over windows of `k` buckets. Without
-    waits only the time is judged, unconfirmed."""
+    step's end: who arrived last) and `syncs` (`sync_time_s`: how late) on the same cells
+    (None where not reported), each bucket's median step `step_median_s` (NaN: none),
+    judged over windows of `k` buckets. Without waits only the time is judged, unconfirmed."""
     ranks = grid.columns.to_numpy()
     x = excess(grid.to_numpy(dtype="float64"))
 
@@ -260,8 +265,6 @@ def _judge(
         return _Judged(
             by_time, nothing, time_scores.median(), lateness, over_bar, share, nothing, lateness
         )
-    with np.errstate(all="ignore"):  # a bucket without step times: NaN, no lateness
-        step_median_s = np.nan if step_s is None else np.nanmedian(step_s, axis=1)
     late_x = arrival_excess(syncs, step_median_s)
     by_arrival, late_scores = _slow_in_a_window(late_x, k, s)
     lateness = late_scores.median()
@@ -276,15 +279,12 @@ def _judge(
 
 
 def _judge_stops(
-    judged: _Judged, stops: np.ndarray, step_s: np.ndarray | None, k: int, s: StragglerSettings
+    judged: _Judged, stops: np.ndarray, step_median_s: np.ndarray, k: int, s: StragglerSettings
 ) -> _Judged:
     """`judged` with the third signal: each rank's time stopped beyond the median rank's,
-    as a fraction of the step (`stops` and `step_s` on the grid's cells), against its own
-    bar (floor `min_stopped_share`), unconfirmed as in the detector."""
-    if step_s is None:
-        return judged
-    with np.errstate(all="ignore"):  # a bucket without step times: NaN, no excess
-        step_median_s = np.nanmedian(step_s, axis=1)
+    as a fraction of the step (`stops` on the grid's cells, `step_median_s` each bucket's
+    median step), against its own bar (floor `min_stopped_share`), unconfirmed as in the
+    detector."""
     x = stopped_excess(stops, step_median_s)
     by_stop, scores = _slow_in_a_window(x, k, s.for_stops())
     stopped = scores.median()
