@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run on a CUDA machine: the hooks' no-sync and correctness tests on
-# CUDA, a reference-trainer run on NCCL through torchrun, an injected straggler on CUDA,
+# CUDA, a reference-trainer run on NCCL through torchrun, injected stragglers (busy and idle) on CUDA,
 # where the hooks' time goes, and their overhead on GPU.
 # Usage: bash bench/gpu_check.sh OUTDIR   (the project importable, or this script makes a shim)
 set -u
@@ -72,6 +72,12 @@ python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m trainvitals.
     --inject straggler:rank=0,step=20,slowdown=0.5 2>&1 | grep -v Warning | tail -3
 python3 "$repo/bench/straggler_check.py" "$out/straggler.jsonl" --from-step 20 --slowdown 0.5 \
     2>&1 | tee "$out/straggler.txt"
+echo "== idle straggler on CUDA (the host sleeps in the first block's forward), +50% from step 20 ($(date +%T))"
+python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m trainvitals.trainer.train \
+    --device cuda --preset 125m --steps 40 --global-batch 16 --telemetry-file "$out/straggler_idle.jsonl" \
+    --inject straggler:rank=0,step=20,slowdown=0.5,how=idle 2>&1 | grep -v Warning | tail -3
+python3 "$repo/bench/straggler_check.py" "$out/straggler_idle.jsonl" --from-step 20 --slowdown 0.5 \
+    2>&1 | tee "$out/straggler_idle.txt"
 fi
 [ "${SKIP_OVERHEAD:-0}" = 1 ] && exit 0
 echo "== where the hooks' time goes, 125m: host and device time of each hook per step ($(date +%T))"
