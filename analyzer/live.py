@@ -168,6 +168,16 @@ class LiveAnalysis:
             oldest = [run.due[0][0] for run in self._runs.values() if run.due]
         return self._clock() - min(oldest) if oldest else 0.0
 
+    def progress(self, run_id: str) -> tuple[int | None, bool]:
+        """(last step of `run_id` analysed, None before any; whether any of its committed
+        steps wait for analysis, or a window is being analysed now: its alerts are not
+        stored yet)."""
+        with self._cond:
+            run = self._runs.get(run_id)
+            if run is None:
+                return None, self._busy
+            return (run.last if run.last >= 0 else None), bool(run.due) or self._busy
+
     def drain(self, timeout_s: float) -> bool:
         """Analyse everything committed so far, without waiting `delay_s`; False on timeout."""
         deadline = time.monotonic() + timeout_s

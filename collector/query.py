@@ -21,14 +21,16 @@ import pyarrow.compute as pc
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from trainvitals.analyzer.goodput import stored_goodput
+from trainvitals.analyzer.live import LiveAnalysis
 from trainvitals.schema import LAYERS, RANKS, STEP_BOUNDS, float_to_wire
 
-from .deps import get_store
+from .deps import get_analysis, get_store
 from .responses import (
     RUN_SUMMARY_FIELDS,
     STEP_MAXIMA,
     STEP_VALUES,
     AlertRow,
+    AnalysisProgress,
     EventRow,
     GoodputAnswer,
     LayerGrid,
@@ -583,6 +585,28 @@ def run_alerts(run_id: str, store: StoreDep) -> list[dict[str, Any]]:
     """The run's alerts in step order."""
     _require_run(store, run_id)
     return _alert_rows(store, "WHERE run_id = ? ORDER BY step", [run_id])
+
+
+@router.get("/runs/{run_id}/analysis", response_model=AnalysisProgress)
+def run_analysis(
+    run_id: str, store: StoreDep, analysis: Annotated[LiveAnalysis | None, Depends(get_analysis)]
+) -> dict[str, Any]:
+    """How far the live analysis has come with the run: once it has caught up, the run's
+    alerts are all stored. The supervisor reads it when a job ends, before its last look
+    at the alerts."""
+    _require_run(store, run_id)
+    row = store.query("SELECT max(step) AS s FROM steps WHERE run_id = ?", [run_id])
+    stored = row.column("s")[0].as_py()
+    if analysis is None:
+        analysed, pending = None, False
+    else:
+        analysed, waiting = analysis.progress(run_id)
+        # unfinished_tasks, not the queue's size: a batch taken off the queue is not
+        # committed (nor handed to the analysis) until the writer marks it done.
+        pending = waiting or store.unwritten_batches > 0
+    caught_up = analysis is not None and not pending and (stored is None or analysed == stored)
+    return {"run_id": run_id, "live": analysis is not None, "stored_step": stored,
+            "analysed_step": analysed, "pending": pending, "caught_up": caught_up}  # fmt: skip
 
 
 @router.get("/runs/{run_id}/events", response_model=list[EventRow])  # type: ignore[valid-type]

@@ -117,6 +117,20 @@ class StepSeries(BaseModel):
     columns: StepColumns  # type: ignore[valid-type]
 
 
+class AnalysisProgress(BaseModel):
+    """`GET /runs/{run_id}/analysis`: how far the live analysis has come with a run. A
+    caught-up run's alerts are all stored: what its stored steps raise is in `/alerts`."""
+
+    run_id: str
+    live: bool = Described(description="a live analysis follows the store (false in replay)")
+    stored_step: int | None = Described(description="the newest step stored of the run")
+    analysed_step: int | None = Described(description="the newest step analysed, alerts stored")
+    pending: bool = Described(
+        description="batches wait to be written, or committed steps wait for the analysis"
+    )
+    caught_up: bool = Described(description="live, nothing pending, and every stored step analysed")
+
+
 AlertRow = _row_model("AlertRow", ALERTS, "One alert as stored: what a detector raised.")
 EventRow = _row_model(
     "EventRow", EVENTS, "One event as stored: an injected fault, a restart, a checkpoint..."

@@ -227,6 +227,11 @@ class Store:
         return self._queue.qsize()
 
     @property
+    def unwritten_batches(self) -> int:
+        """Batches submitted and not yet written and handed to the commit listeners."""
+        return self._queue.unfinished_tasks
+
+    @property
     def queue_capacity(self) -> int:
         """Batches the write queue holds at most (beyond: QueueFull)."""
         return self._queue.maxsize

@@ -4,7 +4,8 @@
       -> new alert: observe (recommend: an event) or act within the limits:
          stop the job, fence the node, roll the checkpoints back, relaunch
       -> the job failed on its own: wait for the liveness alert that names the node
-      -> the job ended well: done
+      -> the job ended well: once the collector has analysed its last steps, a last look
+         at the alerts (a divergence found at the end still rolls back), then done
 
 Events (kinds), all at the run's step where it happened: `action:observe:<alert kind>`
 (what the policy recommends), `action:refused` (an action the limits or the fence list
@@ -23,6 +24,7 @@ and rolled back, and alerts it has seen.
 
 from __future__ import annotations
 
+import math
 import shutil
 import threading
 import time
@@ -39,6 +41,10 @@ from .fence import FenceError, FenceList
 from .launch import Agents, JobCommand
 from .policy import AUTOMATED, FENCE_ROLLBACK, RERUN, RESPONSES, Policy
 
+# How long a job that ended well waits for the collector to analyse its last steps: a step
+# is analysed 1 s after it is stored, or up to 10 s when a node's ranks rows are late
+# (analyzer/live.py), and the last batches are stored as the job exits.
+LAST_LOOK_S = 30.0
 RERUN_TIMEOUT_S = 900.0  # a re-run replays at most a checkpoint interval of steps
 HEARTBEAT_SLACK_S = 2.5  # the hooks' heartbeat interval (2 s) and a little: last heard
 LIVENESS = ("rank_lost", "hang")
@@ -88,6 +94,8 @@ class Supervisor:
         while True:
             code = self.agents.poll()
             if code == 0:
+                if self._last_look():
+                    continue  # an alert raised by the job's last steps: relaunched
                 self.log(f"run {self.run_id} finished on {', '.join(self.launches[-1].nodes)}")
                 return 0
             if self._check_alerts():
@@ -121,6 +129,23 @@ class Supervisor:
                     self.refused.add(a.key)
                     self.log(f"refused alert {a.kind} at step {a.step}: {e}")
         return False
+
+    def _last_look(self) -> bool:
+        """The job ended well: wait until the collector has analysed its last steps (at
+        most LAST_LOOK_S), then handle the alerts they raised. True if one led to a
+        relaunch. Without it, a job that finished while its last alert was on its way (a
+        divergence found a step before the end) was declared finished, not rolled back."""
+        for _ in range(max(1, math.ceil(LAST_LOOK_S / self.poll_s))):
+            try:
+                if self.collector.caught_up():
+                    break
+            except Exception as e:
+                self.log(f"cannot read the collector's analysis progress: {e}")
+            time.sleep(self.poll_s)
+        else:
+            self.log(f"the collector has not analysed the job's last steps in {LAST_LOOK_S:.0f} s")
+        self.log("the job ended well: a last look at its alerts")
+        return self._check_alerts()
 
     def _after_failure(self, code: int) -> bool:
         """The job failed on its own: wait for the alert naming the culprit (and act on it),

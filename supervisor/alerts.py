@@ -81,6 +81,16 @@ class CollectorClient:
         r.raise_for_status()
         return [Alert.from_row(row) for row in r.json()]
 
+    def caught_up(self) -> bool:
+        """Whether the collector has analysed every stored step of the run, so that its
+        alerts are all stored (True too where nothing analyses live: nothing to wait for)."""
+        r = self.http.get(f"/api/v1/runs/{self.run_id}/analysis")
+        if r.status_code == 404:  # no row of the run stored: no alert to wait for
+            return True
+        r.raise_for_status()
+        progress = r.json()
+        return bool(progress["caught_up"]) or not progress["live"]
+
     def last_step(self) -> int | None:
         """The newest step the collector holds of the run."""
         r = self.http.get("/api/v1/runs")

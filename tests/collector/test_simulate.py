@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import duckdb
 import pyarrow as pa
@@ -147,3 +148,26 @@ def test_a_resent_step_is_analysed_as_stored_first_copy_wins(tmp_path) -> None:
     live, replayed = _live_and_replayed(path)
     assert live == replayed
     assert [(kind, step) for _, step, kind, *_ in live] == [("loss_spike", 45)]
+
+
+def test_the_analysis_progress_says_when_every_stored_step_is_analysed(settings) -> None:
+    spec = FleetSpec(ranks=8, layers=2, step_time_s=1.0, steps=20, faults=("spike:step=19",))
+    now = [0.0]  # the live analysis's clock: a step is due 1 s after its commit
+    with TestClient(create_app(settings, analysis_clock=lambda: now[0])) as client:
+        store = client.app.state.store
+        r = client.post(URL, content=encode_msgpack(merge(list(simulate(spec)))), headers=MSGPACK)
+        assert r.status_code == 202
+        while store.unwritten_batches:  # written, and handed to the analysis: not yet due
+            time.sleep(0.01)
+        path = f"/api/v1/runs/{spec.run_id}/analysis"
+        before = client.get(path).json()
+        now[0] = 5.0  # past the delay: the analysis thread takes the steps
+        store.flush()  # and stores their alerts
+        after = client.get(path).json()
+        alerts = client.get(f"/api/v1/runs/{spec.run_id}/alerts").json()
+        unknown = client.get("/api/v1/runs/nobody/analysis")
+    assert before == {"run_id": spec.run_id, "live": True, "stored_step": 19,
+                      "analysed_step": None, "pending": True, "caught_up": False}  # fmt: skip
+    assert after == {**before, "analysed_step": 19, "pending": False, "caught_up": True}
+    assert [(a["kind"], a["step"]) for a in alerts] == [("loss_spike", 19)]
+    assert unknown.status_code == 404 and "nobody" in unknown.json()["detail"]

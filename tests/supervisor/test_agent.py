@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from trainvitals.supervisor import agent
 from trainvitals.supervisor.agent import Launch, Supervisor
 from trainvitals.supervisor.alerts import Alert
 from trainvitals.supervisor.fence import FenceList
@@ -19,9 +20,15 @@ JOB = ["-m", "trainvitals.trainer.train", "--dp", "2", "--run-id", "run-a", "--r
 class MemoryCollector:
     """The collector's API for one run, in memory: alerts given, events recorded."""
 
-    def __init__(self, alerts: list[Alert] = ()) -> None:
+    def __init__(self, alerts: list[Alert] = (), behind_polls: int = 0) -> None:
         self._alerts = list(alerts)
         self.events: list[tuple[str, int, int, dict]] = []
+        self.behind_polls = behind_polls  # progress polls that find the analysis behind
+        self.progress_polls = 0
+
+    def caught_up(self) -> bool:
+        self.progress_polls += 1
+        return self.progress_polls > self.behind_polls
 
     def alerts(self) -> list[Alert]:
         return self._alerts
@@ -133,3 +140,34 @@ def test_the_relaunch_scales_dp_and_adds_the_skipped_data() -> None:
     job = JobCommand(["-m", "t", "--dp=4", "--tp", "2", "--run-id", "r"], skip_data=["20:39"])
     assert job.for_nodes(1, 2) == ["-m", "t", "--tp", "2", "--run-id", "r", "--dp", "2",
                                    "--skip-data", "20:39"]  # fmt: skip
+
+
+def diverging() -> Alert:
+    return Alert("run-a", "loss_diverging", 79, "warning", 450.0, "climbing", start_step=62)
+
+
+def test_a_job_that_ended_well_gets_a_last_look_once_its_steps_are_analysed(
+    tmp_path: Path,
+) -> None:
+    # The alert raised by the job's last steps is in the collector only once it has
+    # analysed them: the look waits for that, then handles it.
+    collector = MemoryCollector([diverging()], behind_polls=2)
+    sup = supervisor(tmp_path, Policy(), collector)
+    sup.poll_s = 0.001
+    assert sup._last_look() is False  # observed: nothing to relaunch
+    assert collector.progress_polls == 3
+    ((kind, step, _, detail),) = collector.events
+    assert (kind, step) == ("action:observe:loss_diverging", 79)
+    assert "roll back" in detail["recommend"]
+
+
+def test_the_last_look_waits_a_bounded_time_for_an_analysis_that_never_catches_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent, "LAST_LOOK_S", 0.01)
+    collector = MemoryCollector([diverging()], behind_polls=10**9)
+    sup = supervisor(tmp_path, Policy(), collector)
+    sup.poll_s = 0.001
+    assert sup._last_look() is False
+    assert collector.progress_polls == 10  # LAST_LOOK_S / poll_s, then it looks anyway
+    assert [e[0] for e in collector.events] == ["action:observe:loss_diverging"]

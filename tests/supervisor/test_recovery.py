@@ -177,13 +177,16 @@ def test_a_divergence_is_rolled_back_to_before_its_onset_and_its_data_skipped(
     tmp_path: Path, collector: CollectorProcess
 ) -> None:
     # Data window 20 tips training into an instability (the learning rate grows 2x a step).
-    # 80 steps: the job must still run when the supervisor reads the alert. At 45 its
-    # first launch once finished first (the alert came at step 31 in a passing run), and
-    # a job that ends well is not rolled back.
-    train = ["--steps", "80", "--checkpoint-every", "10",
+    # 40 steps: the alert comes near the end (at step 31 in one run), so the job often
+    # ends before the supervisor reads it: its last look, once the collector has analysed
+    # the last steps, still rolls it back.
+    train = ["--steps", "40", "--checkpoint-every", "10",
              "--inject", "diverge:step=20,growth=2"]  # fmt: skip
-    supervise(tmp_path, collector.url, "sup-div", 1, train)
+    proc = supervise(tmp_path, collector.url, "sup-div", 1, train)
     ev = events(collector.url, "sup-div")
+    # Its last look asked the collector over HTTP how far the analysis had come.
+    assert "a last look at its alerts" in proc.stdout
+    assert "analysis progress" not in proc.stdout + proc.stderr
 
     assert "action:fence" not in ev  # no node to blame
     (rollback,) = ev["action:rollback"]
@@ -192,13 +195,13 @@ def test_a_divergence_is_rolled_back_to_before_its_onset_and_its_data_skipped(
     first_skipped, last_skipped = map(int, rollback["detail"]["skip_data"].split(":"))
     assert first_skipped == kept + 1 <= 20 <= last_skipped  # window 20 is never met again
     assert ev["action:relaunch"][0]["detail"]["nodes"] == ["node0", "node1"]
-    assert [e["step"] for e in ev["run_end"]] == [80]
+    assert [e["step"] for e in ev["run_end"]] == [40]
 
     first, last = first_and_redone(losses(tmp_path / "telemetry.jsonl"))
     healthy = first[kept]
     assert max(first[s] for s in range(20, rollback["detail"]["from_step"] + 1)) > 2 * healthy
-    assert max(last[s] for s in range(kept + 1, 80)) < 1.1 * healthy  # no climb after it
-    assert last[79] < healthy
+    assert max(last[s] for s in range(kept + 1, 40)) < 1.1 * healthy  # no climb after it
+    assert last[39] < healthy
 
 
 def test_a_loss_spike_that_a_re_run_reproduces_is_the_data_and_its_batch_is_skipped(
