@@ -23,7 +23,8 @@ Who is named:
   episode instead of raising alerts of their own.
 - hang: the ranks the others wait for: those that have not begun the step the others are in,
   else those not waiting in a collective while the others are; else the whole job paused,
-  and in which phase.
+  and in which phase. When those ranks are all in a pause the loop declared (a checkpoint
+  save, an evaluation: `monitor.pause`), the threshold is `pause_s`, not a step's.
 Both resolve when a step completes again. A run that ends (a heartbeat with phase "ended",
 which Monitor.close sends, or a `run_end` event) never alarms. Nor does a job the supervisor
 stops (an `action:stop` event, before it stops the ranks): the ranks heard before a run's
@@ -40,6 +41,8 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainvitals.schema import PAUSES
 
 from .alerts import RESOLVED, Alert
 from .runinfo import rank_on
@@ -68,6 +71,10 @@ class LivenessSettings:
     # pauses (a checkpoint save, an evaluation, a garbage collection) are normal. 30 s keeps
     # a hang named inside the 60 s target with the heartbeat and lag delays.
     hang_floor_s: float = 30.0
+    # How long a pause the training loop declared (`monitor.pause("checkpoint")`, "eval")
+    # may last before it is a hang, when the ranks the job waits for are all in one: a
+    # large model's synchronous save or an evaluation takes minutes, not 10 steps.
+    pause_s: float = 1800.0
     # Before the typical step time is known (start-up: compilation, the first collectives,
     # a checkpoint load), a hang is this long without a completed step.
     first_step_s: float = 600.0
@@ -79,7 +86,9 @@ class LivenessSettings:
     forget_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        positive = ("silence_s", "hang_intervals", "hang_floor_s", "first_step_s", "forget_s")
+        positive = (
+            "silence_s", "hang_intervals", "hang_floor_s", "pause_s", "first_step_s", "forget_s"
+        )  # fmt: skip
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -115,6 +124,8 @@ class _Run:
     done_s: float = -math.inf  # deadlines before this have fired
     progress_step: int = -1  # last step the job completed, as its heartbeats said
     progress_s: float = math.nan  # when that was first heard (NaN: no progress yet)
+    # When a rank was last heard leaving a declared pause: the hang clock starts again there.
+    pause_left_s: float = -math.inf
     per_step_s: deque = field(default_factory=deque)  # recent seconds per completed step
     ended: bool = False
     stopped: bool = False  # ended by the supervisor: only a new process resumes it
@@ -264,6 +275,8 @@ class Watchdog:
     ) -> list[Alert]:
         old = run.ranks.get(rank)
         run.ranks[rank] = _Rank(host, t, started, finished, phase)
+        if old is not None and old.phase in PAUSES and phase not in PAUSES:
+            run.pause_left_s = t  # the time in a declared pause is not the hang's
         heapq.heappush(run.deadlines, (t + self.settings.silence_s, rank, t))
         if math.isnan(run.progress_s):
             run.progress_s = t  # the hang clock starts when the run is first heard
@@ -338,8 +351,14 @@ class Watchdog:
         while True:
             silence = self._next_silence(run)
             hang_at = math.inf
+            paused: tuple[str, ...] = ()
             if not run.ended and run.hang is None and run.lost is None and run.ranks:
-                hang_at = run.progress_s + self.hang_threshold_s(run)
+                since_s = max(run.progress_s, run.pause_left_s)
+                hang_at = since_s + self.hang_threshold_s(run)
+                if hang_at <= before_s:  # due: is the job in a declared pause? O(ranks)
+                    paused = _declared_pause(run)
+                    if paused:
+                        hang_at = max(hang_at, since_s + self.settings.pause_s)
             at = min(silence[0] if silence else math.inf, hang_at)
             if at > before_s or (at == before_s and not inclusive):
                 break
@@ -347,7 +366,7 @@ class Watchdog:
                 heapq.heappop(run.deadlines)
                 out += self._silent(run_id, run, at, silence[1])
             else:
-                out.append(self._hang(run_id, run, at))
+                out.append(self._hang(run_id, run, at, paused))
         run.done_s = max(run.done_s, before_s)
         return out
 
@@ -441,11 +460,14 @@ class Watchdog:
             "the whole job lost), which one comes first is chance"
         )
 
-    def _hang(self, run_id: str, run: _Run, at: float) -> Alert:
+    def _hang(self, run_id: str, run: _Run, at: float, paused: tuple[str, ...] = ()) -> Alert:
         threshold_s = self.hang_threshold_s(run)
         named, why = _attribute({k: r for k, r in run.ranks.items() if not r.gone})
-        waited = at - run.progress_s
-        if run.starting:
+        waited = at - max(run.progress_s, run.pause_left_s)
+        if paused and self.settings.pause_s > threshold_s:
+            threshold_s = self.settings.pause_s
+            typical = f"a declared {' and '.join(paused)} pause, at most {threshold_s:g} s"
+        elif run.starting:
             typical = f"{threshold_s:g} s for a new process's first step"
         elif len(run.per_step_s) < self.settings.min_history:
             typical = f"{threshold_s:g} s before the typical step time is known"
@@ -510,6 +532,17 @@ def _attribute(ranks: dict[int, _Rank]) -> tuple[list[int], str]:
         )
     where = ", ".join(f"{p} ({n})" for p, n in sorted(phases.items()))
     return [], f"the whole job paused: all {len(ranks)} ranks in {where}"
+
+
+def _declared_pause(run: _Run) -> tuple[str, ...]:
+    """The declared pauses (PAUSES) that the ranks the job waits for are all in, or () when
+    any of them is elsewhere: a pause declared by some ranks while the others wait in a
+    collective for them is the job's pause; one that others wait for outside a collective
+    (a barrier the loop did not declare) is not."""
+    ranks = {k: r for k, r in run.ranks.items() if not r.gone}
+    named, _ = _attribute(ranks)
+    phases = {ranks[k].phase for k in (named or ranks)}
+    return tuple(sorted(phases)) if phases and phases <= set(PAUSES) else ()
 
 
 def _names(ranks: dict[int, _Rank], ids: list[int]) -> str:

@@ -28,9 +28,11 @@ OpenTelemetry's SDK separates them:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,6 +40,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
+
+from trainvitals.schema import PAUSES
 
 from .activations import ActivationMeter
 from .canary import Canary
@@ -308,6 +312,22 @@ class Monitor:
         """Record an event (an injected fault, a restart, a checkpoint). Never blocks."""
         self.reader.event(kind, step, rank, detail)
 
+    @contextlib.contextmanager
+    def pause(self, phase: str = "checkpoint") -> Iterator[None]:
+        """Declare a pause between steps, on every rank that takes part in it (the save and
+        its barriers): `with monitor.pause("checkpoint"): save(...)`, or "eval" around an
+        evaluation under no_grad. Heartbeats say `phase` while it lasts, and the collector's
+        watchdog allows it `liveness.pause_s` (30 min) before calling the job hung, not a
+        step's hang threshold (10x a step, at least 30 s): a job saving for a minute is not
+        hung. Undeclared, such a pause looks like a stuck data loader. Never blocks."""
+        _check_pause(phase)
+        live = self.liveness
+        before, live.phase = live.phase, phase
+        try:
+            yield
+        finally:
+            live.phase = before
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export every step and event queued so far, and wait (up to `timeout_s`) until the
         exporter has taken them: for a process about to end without `close()` (a crash, an
@@ -353,6 +373,15 @@ class NullMonitor:
 
     def event(self, kind: str, step: int, rank: int = -1, detail: dict | None = None) -> None:
         pass
+
+    def pause(self, phase: str = "checkpoint") -> contextlib.AbstractContextManager[None]:
+        _check_pause(phase)
+        return contextlib.nullcontext()
+
+
+def _check_pause(phase: str) -> None:
+    if phase not in PAUSES:
+        raise ValueError(f"pause phase must be one of {list(PAUSES)}, got {phase!r}")
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         return True

@@ -94,6 +94,12 @@ class Checkpointer:
         self._since = (step, self.clock())
 
     def save(self, step: int, run_id: str, model, optimizer, scheduler) -> None:
+        # Declared to the monitor: a synchronous save of a large model takes minutes, which
+        # the collector's watchdog would otherwise take for a hang of the whole job.
+        with self.monitor.pause("checkpoint"):
+            self._save(step, run_id, model, optimizer, scheduler)
+
+    def _save(self, step: int, run_id: str, model, optimizer, scheduler) -> None:
         start_s = self.clock()
         if not self.async_save:
             saved_s = checkpoint.save(
@@ -123,7 +129,8 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until the async save in flight, if any, is complete."""
         if self._pending is not None:
-            self._pending[0].result()
+            with self.monitor.pause("checkpoint"):
+                self._pending[0].result()
             self._finish()
 
     def _finish(self) -> None:

@@ -19,6 +19,12 @@
     --inject spike:step=50,kind=lr                   one step uses 30x the learning rate
     --inject nan:step=40                             the loss becomes NaN
     --inject crash:rank=3,step=60 / hang:rank=3,step=60
+    --inject pause:step=30,seconds=45,phase=checkpoint
+                                                     every rank pauses 45 s after step 30,
+                                                     declared to the monitor as a checkpoint
+                                                     save (phase=eval: an evaluation; none:
+                                                     undeclared, as a loop that does not say)
+                                                     - not a fault: no alert is the answer
     --inject diverge:step=40,growth=1.3              data window 40 tips training into an
                                                      instability: from the step that trains on
                                                      it, the learning rate grows 1.3x a step
@@ -42,6 +48,7 @@ once (a faulty unit stays faulty, as a straggler stays slow).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -77,6 +84,11 @@ KINDS: dict[str, dict[str, Param]] = {
     "crash": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE},
     "hang": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE},
     "diverge": {"step": _WHOLE, "growth": Param("number", 1.3, low=1, high=10, words="in (1, 10]")},
+    "pause": {
+        "step": _WHOLE,
+        "seconds": Param("number", low=0, high=3600, words="in (0, 3600]"),
+        "phase": Param("text", "checkpoint", choices=("checkpoint", "eval", "none")),
+    },
 }  # fmt: skip
 NODE_ENV = "TRAINVITALS_NODE"  # the name of the node (agent) a rank runs on
 LR_SPIKE_FACTOR = 30.0
@@ -292,6 +304,14 @@ class FaultInjector:
         slowdown = self._slowdown(f, self._step)
         if base_s is not None and slowdown:
             time.sleep(slowdown * base_s)
+
+    def pause(self, step: int, monitor) -> None:
+        """Every rank pauses between steps, as for a slow checkpoint save or an evaluation,
+        declared to the monitor as the fault's phase (none: undeclared)."""
+        for f in self._mine("pause", step):
+            phase = f.params["phase"]
+            with contextlib.nullcontext() if phase == "none" else monitor.pause(phase):
+                time.sleep(f.params["seconds"])
 
     def crash_or_hang(self, step: int, monitor) -> None:
         """Crash or hang now, after the monitor has exported what it holds and this rank's

@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         if rank == 0 and (step % 50 == 0 or step == cfg.steps - 1):
             print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)  # .item() is a sync point
         saver.after_step(step, monitor.run_id, model, optimizer, scheduler)
+        injector.pause(step, monitor)
         if step == first_step + WARMUP_STEPS - 1:
             steady_start_s = time.perf_counter()
 

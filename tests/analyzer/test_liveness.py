@@ -171,6 +171,72 @@ def test_a_whole_job_pause_names_nobody_and_says_the_phase() -> None:
     assert "the whole job paused: all 4 ranks in data_wait (4)" in hang.message
 
 
+def test_a_declared_pause_of_the_whole_job_gets_pause_s_not_a_steps_threshold() -> None:
+    # Every rank saves a checkpoint from 30 s to 150 s (declared), then trains on: no hang
+    # at the 30 s floor. Undeclared, the same pause is a hang.
+    def state(phase: str):
+        def at(rank: int, t: float):
+            if 30 <= t < 150:
+                return 300, 299, phase
+            return running(rank, t if t < 30 else t - 120)
+
+        return at
+
+    assert feed(heartbeats(state("checkpoint"), 4, 200), 1.0, 200) == []
+    assert kinds(feed(heartbeats(state("data_wait"), 4, 200), 1.0, 200)) == [
+        ("hang", "critical", None),
+        ("hang", "resolved", None),
+    ]
+
+
+def test_the_time_in_a_declared_pause_does_not_count_towards_a_hang_after_it() -> None:
+    # A save from 30 s to 150 s, then the job stops in data_wait without a step: the hang
+    # is a full threshold after the save ended, not at once for the time since step 299.
+    def state(rank: int, t: float):
+        if t < 30:
+            return running(rank, t)
+        return 300, 299, "checkpoint" if t < 150 else "data_wait"
+
+    (hang,) = feed(heartbeats(state, 4, 250), 1.0, 250)
+    assert 180 <= hang.time_unix_s <= 182 and 30 <= hang.value <= 31
+
+
+def test_a_declared_pause_that_lasts_past_pause_s_is_a_hang_saying_so() -> None:
+    def state(rank: int, t: float):
+        return running(rank, t) if t < 30 else (300, 299, "eval")
+
+    (hang,) = feed(heartbeats(state, 4, 200), 1.0, 200, pause_s=120.0)
+    assert hang.rank is None and 120 <= hang.value <= 125 and hang.baseline == 120.0
+    assert "a declared eval pause, at most 120 s" in hang.message
+    assert "the whole job paused: all 4 ranks in eval (4)" in hang.message
+
+
+def test_a_pause_some_ranks_declared_while_the_others_wait_in_a_collective() -> None:
+    # Rank 0 saves (declared); the others began step 300 and wait for it in a collective:
+    # the job's pause. Others waiting in a barrier the loop did not declare: not a pause.
+    def state(others: tuple[int, int, str]):
+        def at(rank: int, t: float):
+            if t < 30:
+                return running(rank, t)
+            return (299, 299, "checkpoint") if rank == 0 else others
+
+        return at
+
+    assert feed(heartbeats(state((300, 299, "collective")), 4, 120), 1.0, 120) == []
+    (hang,) = feed(heartbeats(state((299, 299, "data_wait")), 4, 120), 1.0, 120)
+    assert hang.rank is None and "checkpoint (1), data_wait (3)" in hang.message
+
+    def rank_1_stuck(rank: int, t: float):  # a rank the others wait for, not in the pause
+        if t < 30:
+            return running(rank, t)
+        return {0: (299, 299, "checkpoint"), 1: (299, 299, "data_wait")}.get(
+            rank, (300, 299, "collective")
+        )
+
+    (hang,) = feed(heartbeats(rank_1_stuck, 4, 120), 1.0, 120)
+    assert hang.rank == 0 and "rank 1 on node0 (step 299, data_wait)" in hang.message
+
+
 def test_rank_lost_resolves_when_steps_complete_again() -> None:
     # rank 0's heartbeats stop for 20 s (a partition), then it is back and steps go on.
     def state(rank: int, t: float):
@@ -299,7 +365,13 @@ def test_the_typical_step_time_sets_the_hang_threshold() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("silence_s", 0), ("hang_floor_s", float("nan")), ("window", 0), ("min_history", 1.5)],
+    [
+        ("silence_s", 0),
+        ("hang_floor_s", float("nan")),
+        ("pause_s", -1),
+        ("window", 0),
+        ("min_history", 1.5),
+    ],
 )
 def test_bad_settings_are_refused_by_name(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"liveness.{field} "):

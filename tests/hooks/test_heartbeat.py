@@ -85,6 +85,32 @@ def test_a_step_goes_through_its_phases() -> None:
         monitor.close()
 
 
+def test_a_declared_pause_is_the_phase_while_it_lasts() -> None:
+    m = model()
+    monitor = attach(m, log_every=1000)
+    live = monitor.liveness
+    try:
+        loss = m(torch.randn(4, 8)).square().mean()
+        loss.backward()
+        monitor.step(loss=loss, tokens=4)
+        with monitor.pause("eval"):
+            with torch.no_grad():
+                m(torch.randn(4, 8))  # the evaluation's forwards leave the phase alone
+            assert (live.phase, live.step_started) == ("eval", 0)
+        assert live.phase == "data_wait"
+        with pytest.raises(RuntimeError), monitor.pause():  # an error inside: restored too
+            assert live.phase == "checkpoint"
+            raise RuntimeError("the save failed")
+        assert live.phase == "data_wait"
+        with pytest.raises(
+            ValueError, match=r"pause phase must be one of \['checkpoint', 'eval'\]"
+        ):
+            monitor.pause("nap").__enter__()
+        assert live.phase == "data_wait"
+    finally:
+        monitor.close()
+
+
 def test_every_interval_a_heartbeat_and_ended_at_close(receiver: Receiver) -> None:
     m = model()
     # A heartbeat's time-out is its interval (at most 2 s): 50 ms timed out against this

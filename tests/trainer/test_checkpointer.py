@@ -4,7 +4,9 @@ One process, a small real model, real DCP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +18,22 @@ from trainvitals.trainer.data import ByteBatches, advance_to, data_index, parse_
 
 
 class Events:
+    """The monitor's events and declared pauses, as the checkpointer uses them."""
+
     def __init__(self) -> None:
         self.rows: list[tuple[str, int, dict]] = []
+        self.pauses: list[str] = []  # each declared pause's phase, once it ended
+        self.paused = False
+
+    @contextlib.contextmanager
+    def pause(self, phase: str) -> Iterator[None]:
+        self.paused = True
+        yield
+        self.paused = False
+        self.pauses.append(phase)
 
     def event(self, kind: str, step: int, rank: int = -1, detail: dict | None = None) -> None:
-        self.rows.append((kind, step, detail or {}))
+        self.rows.append((kind, step, {**(detail or {}), "in_pause": self.paused}))
 
 
 def model_and_optimizer():
@@ -45,6 +58,9 @@ def test_minutes_are_turned_into_steps_from_the_measured_step_time(tmp_path: Pat
     # Steps 0-5 timed at 6 s each: one minute is 10 steps, counted from step 5.
     assert sorted(checkpoint.complete(tmp_path)) == [15, 25, 35]
     assert [s for k, s, _ in events.rows if k == "checkpoint"] == [15, 25, 35]
+    # Each synchronous save was a declared pause (the watchdog gives it liveness.pause_s).
+    assert events.pauses == ["checkpoint"] * 3
+    assert all(d["in_pause"] for k, _, d in events.rows if k == "checkpoint")
 
 
 def test_an_async_save_is_complete_only_once_written(tmp_path: Path) -> None:
@@ -63,6 +79,7 @@ def test_an_async_save_is_complete_only_once_written(tmp_path: Path) -> None:
     assert kinds == [("checkpoint_stall", 4), ("checkpoint", 4)]
     stall, done = events.rows[0][2], events.rows[1][2]
     assert stall["stall_s"] >= 0 and done["async"] and done["save_s"] >= done["stall_s"]
+    assert events.pauses == ["checkpoint", "checkpoint"]  # the copy to host, the wait
 
 
 def test_roll_back_sets_newer_checkpoints_aside(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Real 4-rank runs (torchrun, gloo) against a live collector: an injected crash raises one
-rank_lost naming the crashed rank, an injected hang raises a hang naming the hung rank.
+rank_lost naming the crashed rank, an injected hang raises a hang naming the hung rank, a
+pause declared as a checkpoint save raises nothing and the same pause undeclared a hang.
 
 The watchdog gets short thresholds so the tests take seconds; they assert on who is named,
 never on how fast (bench/liveness.py measures that)."""
@@ -62,11 +63,11 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
     c.stop()
 
 
-def start_trainer(url: str, fault: str) -> subprocess.Popen:
-    args = ["--dp", str(RANKS), "--steps", "60", "--log-every", "5", "--collector", url]
+def start_trainer(url: str, *faults: str, steps: int = 60) -> subprocess.Popen:
+    args = ["--dp", str(RANKS), "--steps", str(steps), "--log-every", "5", "--collector", url]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
-        torchrun_command(RANKS, [*args, "--inject", fault]),
+        torchrun_command(RANKS, [*args, *(f"--inject={f}" for f in faults)]),
         stdout=subprocess.DEVNULL,
         stderr=None if os.environ.get("TV_DEBUG") else subprocess.DEVNULL,
         env=env,
@@ -92,7 +93,11 @@ def test_a_crashed_rank_is_named_once(collector: Collector) -> None:
     # The crashed rank's own record of its fault reached the store.
     events = collector.query("SELECT rank, step FROM events WHERE kind = 'fault:crash'")
     assert events == [{"rank": 2, "step": 15}]
-    # A replay of the stopped store raises what the collector raised live.
+    assert_replay_agrees(collector)
+
+
+def assert_replay_agrees(collector: Collector) -> None:
+    """A replay of the stopped store raises what the collector raised live."""
     collector.stop()
     settings = [f"--set=liveness.{k}={getattr(QUICK, k)}" for k in QUICK_FIELDS]
     replay = subprocess.run(
@@ -113,3 +118,26 @@ def test_a_hung_rank_is_named(collector: Collector) -> None:
     assert alerts(collector, "rank_lost") == []  # its heartbeats went on
     events = collector.query("SELECT rank, step FROM events WHERE kind = 'fault:hang'")
     assert {"rank": 1, "step": 40} in events
+
+
+def test_a_declared_pause_is_no_hang_and_an_undeclared_one_is(collector: Collector) -> None:
+    # Every rank pauses 15 s twice: after step 120 declared as a checkpoint save (as the
+    # trainer's own saves are), after step 240 undeclared (a loop that does not say).
+    # QUICK's hang floor is 8 s once 3 heartbeats (2 s apart) have seen progress; before,
+    # 30 s. The tiny model's steps take about 0.1 s here: 120 of them are seen 6 times.
+    declared = "pause:step=120,seconds=15,phase=checkpoint"
+    trainer = start_trainer(
+        collector.url, declared, "pause:step=240,seconds=15,phase=none", steps=280
+    )
+    try:
+        assert trainer.wait(patience_s(600)) == 0
+    finally:
+        kill_job(trainer)
+    rows = wait_until(lambda: r if len(r := alerts(collector, "hang")) >= 2 else None)
+    hang, resolved = rows  # none for the declared pause after step 120
+    assert (hang["step"], hang["severity"], hang["rank"]) == (241, "critical", None), hang
+    assert "the whole job paused: all 4 ranks in data_wait (4)" in hang["message"], hang
+    assert "at least 8 s" in hang["message"], hang  # the step's threshold, not start-up's
+    assert resolved["severity"] == "resolved"
+    assert alerts(collector, "rank_lost") == []
+    assert_replay_agrees(collector)  # the stored heartbeats say which pause was declared

@@ -424,11 +424,15 @@ EVENTS = Table(
 # Tables a producer may send.
 TABLES: dict[str, Table] = {t.name: t for t in (RUNS, STEPS, LAYERS, RANKS, EVENTS)}
 
+# Pauses between steps that the training loop declares (`with monitor.pause("checkpoint")`):
+# the liveness watchdog gives them `liveness.pause_s`, not a step's hang threshold.
+PAUSES = ("checkpoint", "eval")
 # Where a rank's training thread is, as its hooks saw it last (hooks/heartbeat.py). "idle":
 # attached, no step begun yet; "ended": the monitor closed; "exited": the process is ending
-# without close() (an exception), its last word.
+# without close() (an exception), its last word; PAUSES: a declared pause between steps.
 PHASES = (
-    "idle", "data_wait", "forward", "backward", "collective", "optimizer", "ended", "exited"
+    "idle", "data_wait", "forward", "backward", "collective", "optimizer", *PAUSES, "ended",
+    "exited",
 )  # fmt: skip
 HEARTBEATS = Table(
     "heartbeats",
