@@ -46,7 +46,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from trainvitals.schema import SCHEMA_VERSION
+from trainvitals.schema import PAUSES, SCHEMA_VERSION
 
 from .layers import OptimizerParams, first_float_tensor
 
@@ -145,6 +145,7 @@ class HeartbeatSender:
         self._client_lock = threading.Lock()  # httpx.Client: the thread and close() share it
         self.sent = 0
         self.failed = 0  # heartbeats not delivered (collector away, refused, timed out)
+        self._pauses_refused = False  # the collector predates declared pauses (send)
         self._stop = threading.Event()
         self._closed = False
         # Called before "exited" on an end without close(): the monitor's export flush,
@@ -166,13 +167,16 @@ class HeartbeatSender:
     def send(self, phase: str | None = None) -> bool:
         """One heartbeat now (of `phase`, else the training thread's); True if stored."""
         live = self.live
+        phase = phase or live.phase
+        if self._pauses_refused and phase in PAUSES:
+            phase = "data_wait"  # what the collector knew a pause between steps as
         cols = {
             "rank": [self.rank],
             "time_unix_s": [time.time()],
             "host": [self.host],
             "step_started": [live.step_started],
             "step_finished": [live.step_finished],
-            "phase": [phase or live.phase],
+            "phase": [phase],
         }
         body = orjson.dumps(
             {"schema_version": SCHEMA_VERSION, "run_id": self.run_id, "heartbeats": cols}
@@ -181,6 +185,12 @@ class HeartbeatSender:
             with self._client_lock:
                 resp = self._client.post(self.endpoint, content=body)
             ok = resp.status_code < 300
+            if resp.status_code == 422 and phase in PAUSES and "heartbeats.phase" in resp.text:
+                # A collector older than declared pauses: say data_wait from now on (a
+                # refused heartbeat would leave the rank silent, and lost, for the pause).
+                log.warning("the collector does not know declared pauses: sent as data_wait")
+                self._pauses_refused = True
+                return self.send("data_wait")
             if not ok and resp.status_code < 500:
                 log.error("collector refused a heartbeat (%s): %s", resp.status_code, resp.text)
         except Exception as e:  # never into training: counted, and the next one tries again

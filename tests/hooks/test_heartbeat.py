@@ -21,15 +21,22 @@ from trainvitals.hooks import attach
 
 
 class Receiver:
-    """A collector stand-in on 127.0.0.1 that keeps every heartbeat row it is sent."""
+    """A collector stand-in on 127.0.0.1 that keeps every heartbeat row it is sent; one that
+    predates some phases (`refused`) answers them as such a collector did, with a 422."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: tuple[str, ...] = ()) -> None:
         rows = self.rows = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 doc = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
                 cols = doc["heartbeats"]
+                if cols["phase"][0] in refused:
+                    detail = f"heartbeats.phase: {cols['phase'][0]!r} is not one of [...]"
+                    self.send_response(422)
+                    self.end_headers()
+                    self.wfile.write(orjson.dumps({"detail": detail}))
+                    return
                 rows.extend(
                     dict(zip(cols, values, strict=True))
                     for values in zip(*cols.values(), strict=True)
@@ -109,6 +116,20 @@ def test_a_declared_pause_is_the_phase_while_it_lasts() -> None:
         assert live.phase == "data_wait"
     finally:
         monitor.close()
+
+
+def test_a_collector_older_than_declared_pauses_hears_data_wait() -> None:
+    receiver = Receiver(refused=("checkpoint", "eval"))
+    m = model()
+    monitor = attach(m, heartbeat_url=receiver.url, heartbeat_interval_s=1.0, log_every=1000)
+    try:
+        with monitor.pause("checkpoint"):
+            wait_until(lambda: any(r["phase"] == "data_wait" for r in receiver.rows))
+    finally:
+        monitor.close()
+        receiver.close()
+    assert "checkpoint" not in {r["phase"] for r in receiver.rows}
+    assert monitor.heartbeat.failed == 0  # each refused one was sent again, as data_wait
 
 
 def test_every_interval_a_heartbeat_and_ended_at_close(receiver: Receiver) -> None:
