@@ -12,6 +12,7 @@ values are slices of those arrays (see views.py). No Python object per rank is m
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,11 +152,25 @@ def _hand_events(run: _Run, events: Any) -> None:
     kept = events.filter(pc.is_in(events.column("kind"), pa.array(RUN_EVENT_KINDS)))
     if kept.num_rows == 0:
         return
-    rows = kept.select(["step", "kind", "time_unix_s"]).to_pylist()
-    batch = [RunEvent(**row) for row in sorted(rows, key=lambda r: (r["step"], r["kind"]))]
+    columns = ["step", "kind", "time_unix_s", "detail"]
+    rows = kept.select([c for c in columns if c in kept.column_names]).to_pylist()
+    rows.sort(key=lambda r: (r["step"], r["kind"]))
+    batch = [
+        RunEvent(r["step"], r["kind"], r["time_unix_s"], _duration_s(r.get("detail"))) for r in rows
+    ]
     for d in run.detectors:
         if hasattr(d, "observe_events"):
             d.observe_events(batch)
+
+
+def _duration_s(detail: str | None) -> float:
+    """A pause event's `duration_s` (detail JSON); 0 where it has none (ingest checked that
+    the detail is a JSON object, not what it holds)."""
+    try:
+        value = json.loads(detail or "{}").get("duration_s", 0.0)
+    except (ValueError, AttributeError):
+        return 0.0
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
 
 
 def _step_rows(steps: pa.Table) -> list[dict]:

@@ -13,13 +13,17 @@ The alert comes with the first step after the gap: a stall still going on sends 
 at all, so live, a *current* stall is seen by the clock, outside the analyzer: the
 collector exports each run's last step time (trainvitals_last_step_timestamp_seconds)
 and the TrainvitalsRunStalled rule (deploy/prometheus/alerts.yml) fires on it.
-A checkpoint save or a restart longer than the thresholds shows up here as a stall too;
-goodput (goodput.py) tells them apart using the run's events.
+A pause the training loop declared (`monitor.pause`: a checkpoint save, an evaluation;
+its `pause:<phase>` event carries its duration) is not the job's stall: the time it covers
+is taken out of the gap first. An undeclared checkpoint save or a restart longer than the
+thresholds shows up here as a stall; goodput (goodput.py) tells them apart using the run's
+events.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +32,7 @@ from .alerts import Alert
 from .detectors import data_query
 from .rolling import RollingWindow
 from .runinfo import name_rank, name_ranks
-from .views import StepView
+from .views import PAUSE_EVENT_KINDS, RunEvent, StepView
 
 
 def is_stall(gap_s, steps, per_step_s: float, min_gap_s: float, k: float):
@@ -82,6 +86,8 @@ class StallDetector:
     _per_step: RollingWindow = field(init=False, repr=False)  # seconds per step
     _gaps: RollingWindow = field(init=False, repr=False)  # seconds between logged steps
     _prev: tuple[int, float] | None = None
+    # (start, end) of the declared pauses heard of, newest last (a few: gaps look back one)
+    _pauses: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64))
     # Per rank seen, in ascending rank order (`_ranks`: their ids): sized by the ranks
     # that reported, not by the largest id, which ingest allows up to 2**31 - 1.
     _ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
@@ -93,6 +99,16 @@ class StallDetector:
         self._per_step = RollingWindow(self.settings.window)
         self._gaps = RollingWindow(self.settings.window)
 
+    def observe_events(self, events: list[RunEvent]) -> None:
+        """Declared pauses (`pause:<phase>` events, at their end, with their duration)."""
+        for e in events:
+            if e.kind in PAUSE_EVENT_KINDS and e.duration_s > 0:
+                self._pauses.append((e.time_unix_s - e.duration_s, e.time_unix_s))
+
+    def _paused_s(self, t0: float, t1: float) -> float:
+        """Seconds of (t0, t1) that declared pauses cover."""
+        return sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in self._pauses)
+
     def observe(self, s: StepView) -> list[Alert]:
         t = s.time_unix_s
         if t is None or not math.isfinite(t):
@@ -102,15 +118,17 @@ class StallDetector:
         start = s.step
         if self._prev is not None:
             step0, t0 = self._prev
-            gap, n = t - t0, s.step - step0
+            n, paused_s = s.step - step0, self._paused_s(t0, t)
+            gap = t - t0 - paused_s  # a declared pause is not the job's stall
             if gap >= 0 and n > 0:
                 per_step = self._per_step.median() if ready else math.nan
                 cfg = self.settings
                 if ready and is_stall(gap, n, per_step, cfg.min_gap_s, cfg.min_intervals):
                     rank, why = self._late_rank(s, gap - per_step * n, n)
+                    declared = f" besides {paused_s:.0f} s of declared pauses" if paused_s else ""
                     parts.append(
-                        f"the job made no progress for {gap:.0f} s between step {step0} and "
-                        f"step {s.step}, {gap / (per_step * n):.0f}x the usual "
+                        f"the job made no progress for {gap:.0f} s{declared} between step "
+                        f"{step0} and step {s.step}, {gap / (per_step * n):.0f}x the usual "
                         f"{per_step * n:.3g} s{why}"
                     )
                     value, baseline, start = gap, per_step * n, step0

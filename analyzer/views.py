@@ -231,9 +231,13 @@ class RunEvent:
     step: int
     kind: str  # one of RUN_EVENT_KINDS
     time_unix_s: float
+    duration_s: float = 0.0  # a declared pause's length (it ended at time_unix_s)
 
 
-RUN_EVENT_KINDS = ("checkpoint", "restart")
+# A pause the training loop declared (`monitor.pause`): its event comes at its end, kind
+# "pause:<phase>", with its duration.
+PAUSE_EVENT_KINDS = ("pause:checkpoint", "pause:eval")
+RUN_EVENT_KINDS = ("checkpoint", "restart", *PAUSE_EVENT_KINDS)
 
 
 @dataclass(frozen=True, eq=False)

@@ -319,14 +319,20 @@ class Monitor:
         evaluation under no_grad. Heartbeats say `phase` while it lasts, and the collector's
         watchdog allows it `liveness.pause_s` (30 min) before calling the job hung, not a
         step's hang threshold (10x a step, at least 30 s): a job saving for a minute is not
-        hung. Undeclared, such a pause looks like a stuck data loader. Never blocks."""
+        hung. Rank 0 records a `pause:<phase>` event with its duration at its end, which
+        the stall detector takes out of the gap between logged steps. Undeclared, such a
+        pause looks like a stuck data loader. Never blocks."""
         _check_pause(phase)
         live = self.liveness
         before, live.phase = live.phase, phase
+        started_s = time.perf_counter()
         try:
             yield
         finally:
             live.phase = before
+            if self.rank == 0:  # the step-based stall detector takes its time out of gaps
+                detail = {"duration_s": time.perf_counter() - started_s}
+                self.event(f"pause:{phase}", max(0, self.step_count - 1), detail=detail)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export every step and event queued so far, and wait (up to `timeout_s`) until the

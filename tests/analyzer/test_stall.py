@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
 
+from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.stall import StallDetector
 from trainvitals.analyzer.views import RankView
 
@@ -123,3 +126,32 @@ def test_a_huge_rank_id_costs_memory_by_ranks_seen_not_by_its_value() -> None:
         tracemalloc.stop()
     assert alert.rank == big and f"rank {big} reported nothing" in alert.message
     assert peak_bytes < 16 * 2**20
+
+
+def _steps_with_a_gap(gap_s: float) -> pa.Table:
+    """200 steps of 1 s; step 100 comes `gap_s` after step 99."""
+    times = [float(s) + (gap_s - 1.0 if s >= 100 else 0.0) for s in range(200)]
+    return pa.table({"step": list(range(200)), "time_unix_s": times, "loss": [2.0] * 200})
+
+
+def _pause(phase: str, end_s: float, duration_s: float) -> pa.Table:
+    """A declared pause's event as the hooks send it: at its end, after step 99."""
+    detail = json.dumps({"duration_s": duration_s})
+    return pa.table({"step": [99], "rank": [0], "kind": [f"pause:{phase}"], "detail": [detail],
+                     "time_unix_s": [end_s]})  # fmt: skip
+
+
+def test_a_declared_pause_is_taken_out_of_the_gap() -> None:
+    def stalls(gap_s: float, events: pa.Table | None) -> list:
+        tables = {"steps": _steps_with_a_gap(gap_s)}
+        if events is not None:
+            tables["events"] = events
+        return Analyzer(lambda: [StallDetector()]).observe("r", tables)
+
+    # A 300 s checkpoint save between steps 99 and 100, declared: no stall; undeclared: one.
+    assert stalls(301.0, _pause("checkpoint", 99.0 + 300.0, 300.0)) == []
+    (undeclared,) = stalls(301.0, None)
+    assert undeclared.step == 100 and "no progress for 301 s" in undeclared.message
+    # An evaluation of 100 s declared, inside a 400 s gap: the other 300 s are a stall.
+    (longer,) = stalls(401.0, _pause("eval", 99.0 + 100.0, 100.0))
+    assert "no progress for 301 s besides 100 s of declared pauses" in longer.message

@@ -17,7 +17,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from tests.conftest import free_port, wait_until
-from trainvitals.hooks import attach
+from trainvitals.hooks import InMemoryExporter, attach
 
 
 class Receiver:
@@ -94,7 +94,8 @@ def test_a_step_goes_through_its_phases() -> None:
 
 def test_a_declared_pause_is_the_phase_while_it_lasts() -> None:
     m = model()
-    monitor = attach(m, log_every=1000)
+    out = InMemoryExporter()
+    monitor = attach(m, log_every=1000, exporter=out)
     live = monitor.liveness
     try:
         loss = m(torch.randn(4, 8)).square().mean()
@@ -116,6 +117,10 @@ def test_a_declared_pause_is_the_phase_while_it_lasts() -> None:
         assert live.phase == "data_wait"
     finally:
         monitor.close()
+    # Each pause is an event at its end with its duration, after the step it followed.
+    pauses = [e for e in out.rows("events") if e["kind"].startswith("pause")]
+    assert [(e["kind"], e["step"]) for e in pauses] == [("pause:eval", 0), ("pause:checkpoint", 0)]
+    assert all(orjson.loads(e["detail"])["duration_s"] >= 0 for e in pauses)
 
 
 def test_a_collector_older_than_declared_pauses_hears_data_wait() -> None:
