@@ -39,8 +39,22 @@ def data_query(run_id: str, table: str, metric: str | None, start: int, end: int
 
 @dataclass(frozen=True)
 class NonFiniteSettings:
-    """Section `nonfinite`: nothing to tune. Any NaN or infinity in the loss, a gradient, a
-    block output or a parameter means training has already gone wrong."""
+    """Section `nonfinite`. Any NaN or infinity in the loss, a gradient, a block output or
+    a parameter means training has already gone wrong, except gradients under a dynamic
+    loss scaler (runs.loss_scaling "dynamic": fp16's GradScaler), which overflow now and
+    then by design: the scaler skips that step and halves its scale."""
+
+    # Under dynamic loss scaling, how many steps the gradients may overflow on every logged
+    # step before it is an alert: the scaler halves its scale at each overflow, so 20 in a
+    # row is a scale 10^6 times smaller that still overflows (a collapse, or gradients
+    # non-finite at any scale). A start-up from too high a scale overflows a few times.
+    overflow_steps: int = 20
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.overflow_steps, int) and self.overflow_steps >= 1):
+            raise ValueError(
+                f"nonfinite.overflow_steps must be a whole number >= 1, got {self.overflow_steps!r}"
+            )
 
 
 @dataclass
@@ -76,6 +90,9 @@ class NonFiniteDetector:
     settings: NonFiniteSettings = field(default_factory=NonFiniteSettings)
     kind: ClassVar[str] = "nonfinite"
     _in_episode: bool = False
+    # First step of the logged steps in a row whose gradients alone are non-finite (None:
+    # the last logged step was not one), under dynamic loss scaling (see the settings)
+    _overflow_since: int | None = None
 
     def observe(self, s: StepView) -> list[Alert]:
         bad = [
@@ -98,12 +115,21 @@ class NonFiniteDetector:
             if len(rank_bad):
                 who = name_ranks(s.run, rank_bad.tolist())
                 bad.append(f"local loss or gradient of {who}")
-        origin = _origin(s, loss_bad="loss" in bad or rank_loss_bad)
+        loss_bad = "loss" in bad or rank_loss_bad
+        origin = _origin(s, loss_bad=loss_bad)
         if not bad and origin.layer is None:
-            self._in_episode = False
+            self._in_episode, self._overflow_since = False, None
             return []
+        overflow = s.run.dynamic_loss_scaling and _gradients_alone(s, loss_bad)
+        if not overflow:
+            self._overflow_since = None
+        elif self._overflow_since is None:
+            self._overflow_since = s.step
         if self._in_episode:
             return []
+        since = self._overflow_since
+        if since is not None and s.step - since < self.settings.overflow_steps:
+            return []  # the scaler skips the step and halves its scale
         self._in_episode = True
         rank = None
         if len(rank_bad) and len(rank_bad) < len(s.ranks):
@@ -117,6 +143,12 @@ class NonFiniteDetector:
             who = ""
         what = "; ".join(bad) or "in layer statistics"
         where = f"; {origin.sentence}" if origin.sentence else ""
+        if since is not None:
+            where += (
+                f"; under dynamic loss scaling the gradients overflowed on every logged step "
+                f"since step {since}: the loss scale is not settling, or the gradients are "
+                "non-finite at any scale"
+            )
         return [
             Alert.at(
                 s,
@@ -141,6 +173,16 @@ class _Origin:
     sentence: str = ""  # "" when nothing points anywhere
     table: str = "layers"  # where the evidence is (data_query)
     column: str = "act_nonfinite_count"
+
+
+def _gradients_alone(s: StepView, loss_bad: bool) -> bool:
+    """Whether step `s`'s only non-finite values are gradients: the loss and every block
+    output finite, on this step and on those since the previous logged one, and every
+    parameter too. Under a dynamic loss scaler that is an overflow, and a skipped step."""
+    if loss_bad or s.nonfinite_steps > 0:  # nonfinite_steps counts losses and outputs
+        return False
+    firsts = _first_nonfinite_layers(s.layers)
+    return "activations" not in firsts and "parameters" not in firsts
 
 
 def _origin(s: StepView, loss_bad: bool) -> _Origin:

@@ -27,6 +27,8 @@ class RunInfo:
     layer_names: tuple[str, ...] = ()  # name of layer index 0, 1, ...
     hosts: tuple[str, ...] = ()  # host of rank 0, 1, ...
     world_size: int = 0  # ranks in the run (0: not reported)
+    # A dynamic loss scaler (fp16's GradScaler) overflows the gradients now and then by design
+    dynamic_loss_scaling: bool = False
 
     @classmethod
     def from_runs(cls, runs: Any) -> RunInfo | None:
@@ -44,6 +46,7 @@ class RunInfo:
             layer_names=_names(row.get("layer_names_json")),
             hosts=_names(row.get("hosts_json")),
             world_size=world if isinstance(world := row.get("world_size"), int) else 0,
+            dynamic_loss_scaling=row.get("loss_scaling") == "dynamic",
         )
 
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainvitals.schema import check_run_id
+from trainvitals.schema import LOSS_SCALING, check_run_id
 
 
 @dataclass
@@ -48,6 +48,10 @@ class MonitorConfig:
     # unless attach() was given a collector_url), and how often, in seconds (hooks/heartbeat.py).
     heartbeat_url: str = ""
     heartbeat_interval_s: float = 2.0
+    # "dynamic": gradients are scaled by a dynamic loss scaler (torch.amp.GradScaler, fp16),
+    # which overflows now and then by design and skips those steps: the analyzer then takes
+    # a logged step whose only non-finite values are gradients for such an overflow.
+    loss_scaling: str = "none"
 
     def __post_init__(self) -> None:
         if self.run_id:  # refused now: the collector would refuse every batch of the run
@@ -73,6 +77,11 @@ class MonitorConfig:
         if not (math.isfinite(self.stopped_interval_s) and self.stopped_interval_s >= 0):
             raise ValueError(
                 f"MonitorConfig.stopped_interval_s must be >= 0, got {self.stopped_interval_s}"
+            )
+        if self.loss_scaling not in LOSS_SCALING:
+            raise ValueError(
+                f"MonitorConfig.loss_scaling must be one of {list(LOSS_SCALING)}, "
+                f"got {self.loss_scaling!r}"
             )
         if not (math.isfinite(self.heartbeat_interval_s) and self.heartbeat_interval_s > 0):
             raise ValueError(

@@ -76,5 +76,6 @@ def run_metadata(monitor: Monitor, model: nn.Module) -> tuple[dict[str, Any], No
         "power_source": m.power.source,
         "power_unavailable": m.power.unavailable,
         "token_target": m.cfg.token_target,
+        "loss_scaling": m.cfg.loss_scaling,
     }
     return row, node

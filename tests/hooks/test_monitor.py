@@ -289,6 +289,8 @@ def test_bad_config_is_refused(model) -> None:
         attach(model, run_id="my run/3")  # at attach, not as rejected batches later
     with pytest.raises(ValueError, match="stopped_interval_s must be >= 0, got -1"):
         attach(model, stopped_interval_s=-1)
+    with pytest.raises(ValueError, match=r"loss_scaling must be one of \['none', 'dynamic'\]"):
+        attach(model, loss_scaling="fp16")
 
 
 def test_the_stopped_clock_can_be_turned_off(model) -> None:

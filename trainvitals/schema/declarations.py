@@ -99,6 +99,9 @@ class Table:
         assert not missing, f"table {self.name}: key fields {missing} are not declared"
 
 
+# How the run scales its loss (MonitorConfig.loss_scaling).
+LOSS_SCALING = ("none", "dynamic")
+
 RUNS = Table(
     "runs",
     key=("run_id",),
@@ -142,6 +145,13 @@ RUNS = Table(
             required=False,
         ),
         Field("token_target", "int64", "tokens the run is meant to train on", required=False),
+        Field(
+            "loss_scaling",
+            "string",
+            "'dynamic' (a GradScaler: gradient overflows are skipped steps) or 'none'",
+            required=False,
+            choices=LOSS_SCALING,
+        ),
     ),
 )
 
