@@ -170,14 +170,18 @@ def step_detectors(config: AnalyzerConfig | None = None) -> list:
 
 
 def analyze_file(
-    path: Path, overrides: dict[str, str] | None = None, config: AnalyzerConfig | None = None
+    path: Path,
+    overrides: dict[str, str] | None = None,
+    config: AnalyzerConfig | None = None,
+    loss_scaling: str = "none",
 ) -> list:
     """The step detectors' alerts over a CSV or Parquet file; ValueError names the file and
-    what in it cannot be analysed."""
+    what in it cannot be analysed. loss_scaling: as the runs field (schema.LOSS_SCALING)."""
     try:
         steps = map_columns(read_table(path), overrides or {})
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
-    alerts = Analyzer(lambda: step_detectors(config)).observe(path.stem, {"steps": steps})
+    tables = {"steps": steps, "runs": pa.table({"loss_scaling": [loss_scaling]})}
+    alerts = Analyzer(lambda: step_detectors(config)).observe(path.stem, tables)
     # A message ends with the collector's query paths to its evidence; a file has none.
     return [replace(a, message=a.message.split(" Data: ")[0]) for a in alerts]

@@ -231,7 +231,7 @@ def _analyze(args: argparse.Namespace, _rest: list[str]) -> int:
     }
     overrides = {k: v for k, v in named.items() if v}
     config = _analyzer_config(args)
-    for alert in analyze_file(Path(args.file), overrides, config):
+    for alert in analyze_file(Path(args.file), overrides, config, args.loss_scaling):
         sys.stdout.buffer.write(orjson.dumps(alert.to_dict()) + b"\n")
     return 0
 
@@ -454,6 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lr-column", default="", help="name of the learning-rate column, if not guessed"
     )
+    p.add_argument(
+        "--loss-scaling", choices=("none", "dynamic"), default="none",
+        help="dynamic: the run used a dynamic loss scaler (fp16's GradScaler), whose overflows "
+        "(a non-finite gradient norm, finite loss) are skipped steps, not alerts",
+    )  # fmt: skip
     _add_analyzer_flags(p)
     p.set_defaults(func=_analyze)
 

@@ -101,6 +101,21 @@ def test_analyze_uses_a_grad_norm_column_as_second_signal(tmp_path: Path) -> Non
     assert analyze_file(alone) == []
 
 
+def test_analyze_takes_a_dynamic_loss_scalers_overflows_for_skipped_steps(tmp_path: Path) -> None:
+    # An fp16 run's log: the gradient norm is inf on the steps the GradScaler skipped.
+    grad = [1.0] * 600
+    for step in (5, 6, 7, 150, 320, 321, 480):
+        grad[step] = math.inf
+    path = _export(tmp_path / "fp16.parquet", {"step": list(range(600)),
+                                                "loss": _noisy_loss(600, 2, 0.01),
+                                                "grad_norm": grad})  # fmt: skip
+    assert {a.kind for a in analyze_file(path)} == {"nonfinite"}
+    assert analyze_file(path, loss_scaling="dynamic") == []
+    cli = [sys.executable, "-m", "trainvitals", "analyze", str(path), "--loss-scaling", "dynamic"]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
+
+
 def test_analyze_reads_lr_and_tells_a_warm_restart_from_a_divergence(tmp_path: Path) -> None:
     # The loss rises 30% when the learning rate goes back to its earlier peak (a warm
     # restart, not a fault); from the lr column, analyze knows.
