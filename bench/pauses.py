@@ -169,8 +169,11 @@ def run(collector: Collector, name: str, s: Scenario, args) -> tuple[bool, list[
         f"{'MET' if met else 'NOT MET'} (1-min load {load:.1f} at the start, trainer exit "
         f"{trainer.returncode})"
     ]
+    hung_s = events.get("fault:hang")
     for a in alerts:
         rel = f"{a['seen_unix_s'] - pause_s:+.1f} s after the pause began" if pause_s else ""
+        if hung_s is not None:
+            rel += f", {a['seen_unix_s'] - hung_s:+.1f} s after the hang"
         lines.append(f"  {a['kind']} {a['severity']} step {a['step']} rank {a['rank']}, read {rel}")
         lines.append(f"    {a['message'][:300]}")
     return met, lines
