@@ -215,6 +215,15 @@ class Watchdog:
                 run.hang = alert
         run.done_s = now_s
 
+    def declared_pauses(self) -> dict[str, tuple[str, ...]]:
+        """Runs whose job is in a declared pause as of the heartbeats judged, and which
+        phase(s) (see _declared_pause). O(ranks): for a scrape, not for every heartbeat."""
+        out = {}
+        for run_id, run in self._runs.items():
+            if not run.ended and (paused := _declared_pause(run)):
+                out[run_id] = paused
+        return out
+
     def open_runs(self) -> list[str]:
         """Runs that have not ended."""
         return [run_id for run_id, run in self._runs.items() if not run.ended]

@@ -208,6 +208,16 @@ def _watchdog_metrics(watchdog: LiveWatchdog):
         "collector): judged on arrival, so a replay may differ.",
         value=watchdog.watchdog.late,
     )
+    paused = GaugeMetricFamily(
+        "trainvitals_run_paused",
+        "1 while the run's job is in a pause its training loop declared (monitor.pause: a "
+        "checkpoint save, an evaluation), by phase; absent otherwise. TrainvitalsRunStalled "
+        "leaves such a run alone; the watchdog allows the pause liveness.pause_s.",
+        labels=["run_id", "phase"],
+    )
+    for run_id, phases in watchdog.declared_pauses().items():
+        paused.add_metric([run_id, "+".join(phases)], 1.0)
+    yield paused
 
 
 def _self_metrics(

@@ -121,6 +121,11 @@ class LiveWatchdog:
         if done.exception() is not None:  # the writer logged it; the rows are lost
             self.errors += 1
 
+    def declared_pauses(self) -> dict[str, tuple[str, ...]]:
+        """Runs whose job is in a pause its loop declared, and which (for /metrics)."""
+        with self._lock:
+            return self.watchdog.declared_pauses()
+
     def rebuild(self) -> list[str]:
         """Restore every run heard within `forget_s` that has not ended, from the store
         (before `start`). The rows read per run: each rank's latest heartbeat and the first

@@ -104,6 +104,22 @@ def test_the_watchdog_names_a_silent_rank_without_any_step(client) -> None:
         assert f"trainvitals_collector_{name}_total 0.0" in metrics
 
 
+def test_metrics_say_which_runs_are_in_a_declared_pause(client) -> None:
+    watchdog = client.app.state.watchdog
+    now = [time.time() + 2]
+    watchdog.clock = lambda: now[0]  # the thread ticks on this clock too
+    assert client.post(URL, json=beat(ranks=[0, 1], phase="checkpoint")).status_code == 202
+    watchdog.tick()
+    assert 'trainvitals_run_paused{phase="checkpoint",run_id="r1"} 1.0' in (
+        client.get("/metrics").text
+    )
+    # One rank leaves the pause, the other waits for nothing: the job is no longer paused.
+    assert client.post(URL, json=beat(ranks=[1], phase="data_wait")).status_code == 202
+    now[0] = time.time() + 2
+    watchdog.tick()
+    assert "trainvitals_run_paused{" not in client.get("/metrics").text
+
+
 def test_replay_of_the_stored_heartbeats_raises_the_live_alerts(client) -> None:
     from trainvitals.analyzer.replay import comparable, replay_liveness
 
