@@ -100,10 +100,19 @@ class StallDetector:
         self._gaps = RollingWindow(self.settings.window)
 
     def observe_events(self, events: list[RunEvent]) -> None:
-        """Declared pauses (`pause:<phase>` events, at their end, with their duration)."""
+        """Declared pauses (`pause:<phase>` events, at their end, with their duration), and
+        restarts: a relaunched job's ranks are heard afresh, so ranks of the job before it
+        that the new one lacks (a node fenced, a relaunch on fewer nodes) are not silent."""
         for e in events:
             if e.kind in PAUSE_EVENT_KINDS and e.duration_s > 0:
                 self._pauses.append((e.time_unix_s - e.duration_s, e.time_unix_s))
+            elif e.kind == "restart":
+                self._forget_ranks()
+
+    def _forget_ranks(self) -> None:
+        self._ranks = np.zeros(0, np.int64)
+        self._seen_t, self._seen_step = np.zeros(0), np.zeros(0, np.int64)
+        self._silent = np.zeros(0, bool)
 
     def _paused_s(self, t0: float, t1: float) -> float:
         """Seconds of (t0, t1) that declared pauses cover."""

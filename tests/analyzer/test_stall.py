@@ -155,3 +155,36 @@ def test_a_declared_pause_is_taken_out_of_the_gap() -> None:
     # An evaluation of 100 s declared, inside a 400 s gap: the other 300 s are a stall.
     (longer,) = stalls(401.0, _pause("eval", 99.0 + 100.0, 100.0))
     assert "no progress for 301 s besides 100 s of declared pauses" in longer.message
+
+
+def _launch(steps: range, ranks: int, t0_s: float) -> dict[str, pa.Table]:
+    """Steps 1 s apart from `t0_s`, each with a ranks row per rank."""
+    rows = [(s, r) for s in steps for r in range(ranks)]
+    ones = [1.0] * len(rows)
+    return {
+        "steps": pa.table({"step": list(steps), "time_unix_s": [t0_s + s for s in steps]}),
+        "ranks": pa.table(
+            {
+                "step": [s for s, _ in rows],
+                "rank": [r for _, r in rows],
+                "step_time_s": ones,
+                "wait_time_s": ones,
+            }
+        ),
+    }
+
+
+def test_ranks_a_relaunch_on_fewer_nodes_left_behind_are_not_silent() -> None:
+    # 8 ranks to step 99; the supervisor fences a node and relaunches on 4 ranks from the
+    # checkpoint at step 89, which says `restart`: ranks 4-7 are gone, not silent.
+    restart = pa.table({"step": [90], "rank": [0], "kind": ["restart"], "detail": ["{}"],
+                        "time_unix_s": [125.0]})  # fmt: skip
+
+    def stalls(events: dict) -> list:
+        analyzer = Analyzer(lambda: [StallDetector()])
+        alerts = analyzer.observe("r", _launch(range(100), 8, 0.0))
+        return alerts + analyzer.observe("r", {**_launch(range(90, 300), 4, 30.0), **events})
+
+    assert stalls({"events": restart}) == []
+    (silent,) = stalls({})  # without the restart: four ranks left the job
+    assert silent.step == 130 and "ranks 4, 5, 6, 7 reported nothing for 61 s" in silent.message
