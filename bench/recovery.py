@@ -16,8 +16,10 @@ checkpoints every 5 steps and one fault:
 Per scenario, from the run's events (the supervisor's, the trainer's, the fault's ground
 truth) and alerts: seconds from the fault to the alert acted on (its step's time; a
 liveness alert's deadline), to the supervisor's relaunch, to training resumed (the
-relaunched trainer's `restart` event, after its checkpoint load); steps re-done; and the
-run's goodput as `trainvitals replay` computes it. The last line is the headline.
+relaunched trainer's `restart` event, after its checkpoint load); steps re-done; the
+run's goodput as `trainvitals replay` computes it; and every other alert the run raised
+(`--steps 150` runs on long enough after a relaunch on fewer nodes for the ranks left
+behind to be called silent, which they must not be). The last line is the headline.
 
     python bench/recovery.py | tee bench/results/recovery.txt
 """
@@ -88,11 +90,13 @@ def scenario(collector: Collector, name: str, work: Path, args) -> dict:
     fault_s = min(e["time_unix_s"] for k, v in events.items() if k.startswith("fault:") for e in v)
     rollback = events["action:rollback"][0]
     acted = rollback["detail"]["why"].split(" at step ")  # "<kind> at step <n>"
-    alerts = [
-        a
-        for a in httpx.get(f"{base}/alerts", timeout=10).json()
-        if a["kind"] == acted[0] and a["step"] == int(acted[1]) and a["severity"] != "resolved"
-    ]
+    raised = [a for a in httpx.get(f"{base}/alerts", timeout=10).json()
+              if a["severity"] != "resolved"]  # fmt: skip
+    alerts = [a for a in raised if a["kind"] == acted[0] and a["step"] == int(acted[1])]
+    # Every other alert raised: the fault's own signs before the one acted on, and anything
+    # after the recovery (ranks left behind by a relaunch on fewer nodes, say).
+    others = [f"{a['kind']}@{a['step']}" + (f"(rank {a['rank']})" if a["rank"] is not None
+              else "") for a in raised if a not in alerts]  # fmt: skip
     restart = max(events["restart"], key=lambda e: e["time_unix_s"])
     return {
         "run_id": run_id,
@@ -102,6 +106,7 @@ def scenario(collector: Collector, name: str, work: Path, args) -> dict:
         "redone_steps": rollback["detail"]["redone_steps"],
         "fenced": [e["detail"]["node"] for e in events.get("action:fence", [])],
         "wall_s": wall_s,
+        "others": others,
     }
 
 
@@ -144,7 +149,7 @@ def main() -> None:
             f"{name:8s} fault->alert {r['alert_s']:6.1f} s  ->relaunch {r['relaunch_s']:6.1f} s  "
             f"->resumed {r['resumed_s']:6.1f} s  re-done {r['redone_steps']} steps  "
             f"fenced {r['fenced'] or '-'}  goodput {g.get('ratio', float('nan')):.3f}  "
-            f"(run {r['wall_s']:.0f} s)",
+            f"(run {r['wall_s']:.0f} s); other alerts: {', '.join(r['others']) or 'none'}",
             flush=True,
         )
         parts.append(f"{name} {r['resumed_s']:.1f} s goodput {g.get('ratio', float('nan')):.3f}")
