@@ -22,7 +22,7 @@ import numpy as np
 
 from .alerts import Alert
 from .runinfo import name_ranks
-from .views import StepView
+from .views import RunEvent, StepView
 
 
 @dataclass
@@ -32,9 +32,17 @@ class MissingRanksDetector:
     kind: ClassVar[str] = "ranks_missing"
     _start: int | None = None  # first step of the running episode
     _rank: int | None = None  # the first rank it found missing (names the episode)
+    # The ranks of the launch since the last restart that said (0: the runs row's). A
+    # relaunch on fewer nodes has fewer ranks; the store keeps the run's first runs row.
+    _world: int = 0
+
+    def observe_events(self, events: list[RunEvent]) -> None:
+        for e in events:
+            if e.kind == "restart" and e.world_size:
+                self._world = e.world_size
 
     def observe(self, s: StepView) -> list[Alert]:
-        world = s.run.world_size
+        world = self._world or s.run.world_size
         if not world or s.ranks is None or len(s.ranks) == 0:
             return []
         present = np.zeros(world, bool)

@@ -155,22 +155,31 @@ def _hand_events(run: _Run, events: Any) -> None:
     columns = ["step", "kind", "time_unix_s", "detail"]
     rows = kept.select([c for c in columns if c in kept.column_names]).to_pylist()
     rows.sort(key=lambda r: (r["step"], r["kind"]))
-    batch = [
-        RunEvent(r["step"], r["kind"], r["time_unix_s"], _duration_s(r.get("detail"))) for r in rows
-    ]
+    batch = [RunEvent(r["step"], r["kind"], r["time_unix_s"], **_numbers(r.get("detail")))
+             for r in rows]  # fmt: skip
     for d in run.detectors:
         if hasattr(d, "observe_events"):
             d.observe_events(batch)
 
 
-def _duration_s(detail: str | None) -> float:
-    """A pause event's `duration_s` (detail JSON); 0 where it has none (ingest checked that
-    the detail is a JSON object, not what it holds)."""
+def _numbers(detail: str | None) -> dict[str, Any]:
+    """The RunEvent fields an event's detail JSON gives: a pause's `duration_s`, a
+    restart's `world_size`; those it lacks, or holds as something else, are left out
+    (ingest checked that the detail is a JSON object, not what it holds)."""
     try:
-        value = json.loads(detail or "{}").get("duration_s", 0.0)
-    except (ValueError, AttributeError):
-        return 0.0
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
+        doc = json.loads(detail or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    out: dict[str, Any] = {}
+    duration = doc.get("duration_s")
+    if isinstance(duration, int | float) and math.isfinite(duration) and duration > 0:
+        out["duration_s"] = float(duration)
+    world = doc.get("world_size")
+    if isinstance(world, int) and not isinstance(world, bool) and world > 0:
+        out["world_size"] = world
+    return out
 
 
 def _step_rows(steps: pa.Table) -> list[dict]:

@@ -232,6 +232,7 @@ class RunEvent:
     kind: str  # one of RUN_EVENT_KINDS
     time_unix_s: float
     duration_s: float = 0.0  # a declared pause's length (it ended at time_unix_s)
+    world_size: int = 0  # a restart's ranks, when it says (0: not said)
 
 
 # A pause the training loop declared (`monitor.pause`): its event comes at its end, kind

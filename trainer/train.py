@@ -207,7 +207,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if resumed and rank == 0:
         print(f"resumed from {resumed.path} at step {first_step}", flush=True)
-        detail = {"resumed_from_step": resumed.step, "load_s": resumed.load_s}
+        # The new launch's size: a relaunch on fewer nodes has fewer ranks, which the run's
+        # first runs row (kept by the store) does not say.
+        detail = {"resumed_from_step": resumed.step, "load_s": resumed.load_s,
+                  "world_size": cfg.world_size}  # fmt: skip
         monitor.event("restart", first_step, detail=detail)
 
     injector = FaultInjector(cfg.inject, rank, cfg.world_size, device, first_step)
