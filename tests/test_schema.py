@@ -17,6 +17,8 @@ from trainvitals.schema import (
     decode_json,
     to_arrow,
 )
+from trainvitals.sender import merge
+from trainvitals.simulate import FleetSpec, simulate
 
 
 def _batch() -> BatchBuilder:
@@ -163,3 +165,15 @@ def test_rows_of_several_runs_validate_at_once_with_keys_unique_per_run() -> Non
         runs_to_arrow("steps", ["a", "x/y"], _steps_columns([0, 1]))
     with pytest.raises(SchemaError, match="steps: 1 run ids for 2 rows"):
         runs_to_arrow("steps", ["a"], _steps_columns([0, 1]))
+
+
+def test_an_optional_field_with_choices_takes_null_and_refuses_others() -> None:
+    doc = merge(list(simulate(FleetSpec(ranks=2, layers=1, step_time_s=1.0, steps=1))))
+    assert "loss_scaling" not in doc["runs"]  # a producer older than the field
+    _, tables = to_arrow(doc)
+    assert tables["runs"].column("loss_scaling").to_pylist() == [None]
+    doc["runs"]["loss_scaling"] = ["dynamic"]
+    assert to_arrow(doc)[1]["runs"].column("loss_scaling").to_pylist() == ["dynamic"]
+    doc["runs"]["loss_scaling"] = ["fp16"]
+    with pytest.raises(SchemaError, match=r"runs.loss_scaling: 'fp16' is not one of"):
+        to_arrow(doc)

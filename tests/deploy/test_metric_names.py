@@ -29,7 +29,8 @@ _NAME = re.compile(r"\btrainvitals_[a-z0-9_]+|\b[a-z_]+:[a-z0-9_]+:?[a-z0-9_]*")
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> set[str]:
-    """Sample names of /metrics after a run with an alert and a clean end (every family)."""
+    """Sample names of /metrics after a run with an alert and a clean end, while another
+    is in a declared pause, and after a rank was lost (every family)."""
     store = tmp_path_factory.mktemp("names") / "store.duckdb"
     with TestClient(create_app(Settings(store_path=str(store)))) as client:
         for b in (
@@ -39,10 +40,30 @@ def exported(tmp_path_factory) -> set[str]:
         ):
             response = client.post("/api/v1/ingest", content=b.to_json())
             assert response.status_code == 202, response.text
+        _beat(client, "p", "checkpoint")  # trainvitals_run_paused, while it lasts
+        texts = [client.get("/metrics").text]
+        _beat(client, "p", "ended")  # the run ends: its rank is never lost
         _lost_rank(client, "h")  # an active episode (trainvitals_alert_active)
         client.app.state.store.flush()
-        text = client.get("/metrics").text
-    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+        texts.append(client.get("/metrics").text)
+    return {
+        s.name
+        for t in texts
+        for family in text_string_to_metric_families(t)
+        for s in family.samples
+    }
+
+
+def _beat(client: TestClient, run_id: str, phase: str) -> None:
+    """A heartbeat of rank 0 in `phase`, judged at once."""
+    now = time.time()
+    cols = {"rank": [0], "time_unix_s": [now], "host": ["h"], "step_started": [3],
+            "step_finished": [3], "phase": [phase]}  # fmt: skip
+    doc = {"schema_version": 1, "run_id": run_id, "heartbeats": cols}
+    assert client.post("/api/v1/heartbeats", json=doc).status_code == 202
+    watchdog = client.app.state.watchdog
+    watchdog.clock = lambda: now + 2
+    assert watchdog.tick() == []
 
 
 def _lost_rank(client: TestClient, run_id: str) -> None:

@@ -185,7 +185,8 @@ def _check_choices(where: str, choices: tuple[str, ...], arr: Any) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    known = pc.is_in(arr, value_set=pa.array(choices))
+    # Nulls are the required-field check's business: an optional field may be null.
+    known = pc.or_(pc.is_in(arr, value_set=pa.array(choices)), pc.is_null(arr))
     if not pc.all(known).as_py():
         bad = arr.filter(pc.invert(known))[0].as_py()
         raise SchemaError(f"{where}: {bad!r} is not one of {list(choices)}")
