@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -21,6 +23,8 @@ def test_parse_fills_defaults_and_types() -> None:
     f = parse_fault("sdc:rank=2,step=30")
     assert (f.kind, f.rank, f.step, f.params["fraction"]) == ("sdc", 2, 30, 0.001)
     assert parse_fault("straggler:rank=1,step=5,slowdown=0.25").params["slowdown"] == 0.25
+    pause = parse_fault("pause:step=5,seconds=45")  # every rank, declared as a checkpoint
+    assert (pause.rank, pause.params) == (-1, {"seconds": 45.0, "phase": "checkpoint"})
 
 
 @pytest.mark.parametrize(
@@ -38,6 +42,9 @@ def test_parse_fills_defaults_and_types() -> None:
         ("nan:step=1e400", "step must be a whole number"),
         ("straggler:rank=1,step=5,slowdown=nan", "slowdown must be a number"),
         ("straggler:rank=1,step=5,slowdown=inf", "slowdown must be in"),
+        ("pause:step=5", "missing ['seconds']"),
+        ("pause:step=5,seconds=0", "seconds must be in (0, 3600], got 0"),
+        ("pause:step=5,seconds=9,phase=nap", "pause phase must be one of ['checkpoint', "),
     ],
 )
 def test_bad_specs_are_refused(spec: str, message: str) -> None:
@@ -284,3 +291,20 @@ def test_the_straggler_check_names_what_is_wrong_with_its_file(tmp_path: Path) -
         )  # fmt: skip
         assert r.returncode == 1 and r.stderr.startswith(message), r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_a_pause_is_declared_to_the_monitor_unless_its_phase_is_none() -> None:
+    class Monitor:
+        def __init__(self) -> None:
+            self.declared: list[str] = []
+
+        @contextlib.contextmanager
+        def pause(self, phase: str) -> Iterator[None]:
+            self.declared.append(phase)
+            yield
+
+    specs = ["pause:step=3,seconds=0.01,phase=eval", "pause:step=4,seconds=0.01,phase=none"]
+    inj, monitor = FaultInjector(specs, rank=1, world_size=2), Monitor()
+    for step in range(6):
+        inj.pause(step, monitor)  # every rank pauses, rank 1 too
+    assert monitor.declared == ["eval"]  # step 4's pause was not declared
