@@ -30,21 +30,19 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from detect import BUSY_PER_CORE, busy_machine  # bench/, run as a script
 from ingest import Collector
+from liveness import get
 
 from trainvitals.trainer.launch import torchrun_command
 
 RANKS = 4
-BUSY_PER_CORE = 4  # --load: as bench/detect.py's loaded runs
 
 
 @dataclass(frozen=True)
@@ -102,30 +100,6 @@ def scenarios(args) -> dict[str, Scenario]:
     }
 
 
-@contextmanager
-def busy(loaded: bool):
-    spin = [sys.executable, "-c", "while True: pass"]
-    procs = (
-        [subprocess.Popen(spin) for _ in range(BUSY_PER_CORE * (os.cpu_count() or 1))]
-        if loaded
-        else []
-    )
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
-def get(url: str) -> list[dict]:
-    try:
-        r = httpx.get(url, timeout=10)
-    except httpx.HTTPError:
-        return []
-    return r.json() if r.status_code == 200 else []
-
-
 def run(collector: Collector, name: str, s: Scenario, args) -> tuple[bool, list[str]]:
     """Train with the scenario's faults, polling the alerts (the time each was first read)."""
     run_id = f"pauses-{name}-{int(time.time())}"
@@ -134,7 +108,7 @@ def run(collector: Collector, name: str, s: Scenario, args) -> tuple[bool, list[
              *(f"--inject={f}" for f in s.faults)]  # fmt: skip
     base = f"{collector.url}/api/v1/runs/{run_id}"
     seen: dict[tuple, dict] = {}
-    with busy(args.load):
+    with busy_machine(args.load):
         load = os.getloadavg()[0]
         trainer = subprocess.Popen(
             torchrun_command(RANKS, train), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -185,7 +159,8 @@ def main() -> None:
     p.add_argument("--pause-step", type=int, default=150)
     p.add_argument("--pause-s", type=float, default=75.0, help="longer than the 30 s floor")
     p.add_argument("--hang-after", type=int, default=20, help="declared_then_hang: steps")
-    p.add_argument("--load", action="store_true", help="4 busy processes per core beside")
+    busy = f"{BUSY_PER_CORE} busy processes per core beside"
+    p.add_argument("--load", action="store_true", help=busy)
     p.add_argument("--only", default="", help="comma-separated scenario names")
     p.add_argument("--timeout-s", type=float, default=600)
     args = p.parse_args()
@@ -198,7 +173,7 @@ def main() -> None:
         chosen = {n: chosen[n] for n in names}
     print(f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
           f"{RANKS} CPU ranks (dp {RANKS}), pause of {args.pause_s:g} s after step "
-          f"{args.pause_step}{', 4 busy processes per core beside' if args.load else ''}",
+          f"{args.pause_step}{', ' + busy if args.load else ''}",
           flush=True)  # fmt: skip
     met = 0
     with tempfile.TemporaryDirectory() as tmp:
