@@ -12,7 +12,12 @@ From a stored run's steps (step, time_unix_s, step_time_s) and events:
   key is (run, step)), so re-done steps are counted from the event, not from the rows;
 - checkpoints ('checkpoint' events): their detail's `duration_s`, where given; an
   asynchronous one ('checkpoint_stall' at its start, trainer/checkpointer.py) costs only
-  the stall, its `stall_s`, and its 'checkpoint' event at completion costs nothing;
+  the stall, its `stall_s`, and its 'checkpoint' event at completion costs nothing. A
+  declared save (`monitor.pause("checkpoint")`: a 'pause:checkpoint' event with its
+  `duration_s`) counts too; where a gap holds both, the save inside the pause is the same
+  time, so the gap's checkpoint time is the larger of the two, and its count the events';
+- evaluations: declared ones (`monitor.pause("eval")`: 'pause:eval' events) by their
+  `duration_s`. Not training, but not a stall either: a gap they fill is no stall;
 - the supervisor's actions (supervisor/agent.py) are counted, not timed: their cost is the
   restart gap and the re-done steps above ('action:fence' nodes fenced, 'action:rollback'
   rollbacks and the steps they sent training back, 'action:relaunch' relaunches);
@@ -39,7 +44,10 @@ import numpy as np
 from .stall import StallSettings, is_stall
 
 # The event kinds goodput reads: a store's readers select these and no others.
-EVENT_KINDS = ("restart", "checkpoint", "checkpoint_stall", "action:fence", "action:rollback")
+EVENT_KINDS = (
+    "restart", "checkpoint", "checkpoint_stall", "pause:checkpoint", "pause:eval",
+    "action:fence", "action:rollback",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,8 @@ class Goodput:
     fences: int = 0  # nodes the supervisor fenced
     rollbacks: int = 0  # checkpoint rollbacks by the supervisor
     rolled_back_steps: int = 0  # steps those rollbacks sent training back by
+    eval_s: float = 0.0  # declared evaluations (monitor.pause("eval"))
+    evals: int = 0
 
     @property
     def ratio(self) -> float:
@@ -73,7 +83,9 @@ class Goodput:
             f"goodput of run {self.run_id}: {self.ratio:.1%} of {d(self.wall_s)} trained "
             f"the model; lost: restarts {d(self.restart_s)} ({self.restarts}), re-done "
             f"steps {d(self.redone_s)} ({self.redone_steps} steps), checkpoints "
-            f"{d(self.checkpoint_s)} ({self.checkpoints}), stalls "
+            f"{d(self.checkpoint_s)} ({self.checkpoints}), "
+            + (f"evaluations {d(self.eval_s)} ({self.evals}), " if self.evals else "")
+            + "stalls "
             f"{d(self.stall_s)} ({self.stalls})"
             + (
                 f"; supervisor: {self.fences} node(s) fenced, {self.rollbacks} rollback(s) "
@@ -144,12 +156,14 @@ def goodput(
     spare = np.maximum(gap - np.maximum(spanned, 0) * per_step, 0.0)
     checkpoint = np.minimum(ev.checkpoint_s, spare)
     spare -= checkpoint
+    evaluation = np.minimum(ev.eval_s, spare)
+    spare -= evaluation
     redone = np.where(ev.restarted, np.minimum(ev.redone_steps * per_step, spare), 0.0)
     spare -= redone
     restart = np.where(ev.restarted, spare, 0.0)
     stalled = ~ev.restarted & ok & _stalls(spare, spanned, per_step, min_gap_s, min_intervals)
     stall = np.where(stalled, spare, 0.0)
-    lost = checkpoint.sum() + redone.sum() + restart.sum() + stall.sum()
+    lost = checkpoint.sum() + evaluation.sum() + redone.sum() + restart.sum() + stall.sum()
     return Goodput(
         run_id,
         wall,
@@ -164,6 +178,8 @@ def goodput(
         int(stalled.sum()),
         per_step,
         *_actions(events),
+        float(evaluation.sum()),
+        ev.evals,
     )
 
 
@@ -187,14 +203,19 @@ class _GapEvents:
     restarted: np.ndarray  # bool: a restart event in the gap
     redone_steps: np.ndarray  # steps trained again after that restart
     checkpoint_s: np.ndarray  # checkpoint durations reported in the gap
+    eval_s: np.ndarray  # declared evaluations' durations in the gap
     restarts: int
     checkpoints: int
+    evals: int
 
 
 def _events_by_gap(events: dict[str, list], step: np.ndarray, t: np.ndarray) -> _GapEvents:
     n = len(t) - 1
     restarted, redone = np.zeros(n, bool), np.zeros(n, np.int64)
-    checkpoint_s, restarts, checkpoints = np.zeros(n), 0, 0
+    checkpoint_s, paused_s, eval_s = np.zeros(n), np.zeros(n), np.zeros(n)
+    restarts = checkpoints = evals = 0
+    saved = np.zeros(n, bool)  # a 'checkpoint' or 'checkpoint_stall' event in the gap
+    declared = np.zeros(n, np.int64)  # 'pause:checkpoint' events in the gap
     for kind, ev_step, ev_t, detail in zip(
         events.get("kind", []),
         events.get("step", []),
@@ -216,7 +237,18 @@ def _events_by_gap(events: dict[str, list], step: np.ndarray, t: np.ndarray) -> 
             duration = d.get("stall_s") if kind == "checkpoint_stall" else d.get("duration_s")
             if isinstance(duration, int | float) and duration > 0:
                 checkpoint_s[i] += float(duration)
-    return _GapEvents(restarted, redone, checkpoint_s, restarts, checkpoints)
+            saved[i] = True
+        elif kind in ("pause:checkpoint", "pause:eval"):
+            duration = _detail(detail).get("duration_s")
+            seconds = float(duration) if isinstance(duration, int | float) and duration > 0 else 0.0
+            if kind == "pause:eval":
+                evals, eval_s[i] = evals + 1, eval_s[i] + seconds
+            else:
+                paused_s[i], declared[i] = paused_s[i] + seconds, declared[i] + 1
+    # A declared save wraps the trainer's own checkpoint event: the same time, counted once.
+    checkpoints += int(declared[~saved].sum())
+    checkpoint_s = np.maximum(checkpoint_s, paused_s)
+    return _GapEvents(restarted, redone, checkpoint_s, eval_s, restarts, checkpoints, evals)
 
 
 def _stalls(

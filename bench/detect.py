@@ -282,6 +282,13 @@ REAL_RUNS = {
     "straggler15-late": RealRun(("straggler:rank=2,step=250,slowdown=0.15",), steps=350),
     "clean-long-0": RealRun(steps=LONG_STEPS, extra=("--seed", "3")),
     "clean-long-1": RealRun(steps=LONG_STEPS, extra=("--seed", "4")),
+    # Logged every 10 steps, as many users log: a window of 5 logged steps is 50 training
+    # steps, and a busy neighbour's slowdown fills fewer logged steps in a row.
+    "clean-long-every10-0": RealRun(steps=LONG_STEPS, extra=("--seed", "7", "--log-every", "10")),
+    "clean-long-every10-1": RealRun(steps=LONG_STEPS, extra=("--seed", "8", "--log-every", "10")),
+    "straggler15-every10": RealRun(
+        ("straggler:rank=3,step=100,slowdown=0.15",), steps=300, extra=("--log-every", "10")
+    ),
     # No load added by the bench (other work on the machine goes on).
     "quiet-straggler15": RealRun(("straggler:rank=2,step=20,slowdown=0.15",), 100, False),
     "quiet-clean": RealRun(steps=200, loaded=False, extra=("--seed", "5")),

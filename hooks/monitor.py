@@ -330,7 +330,10 @@ class Monitor:
             yield
         finally:
             live.phase = before
-            if self.rank == 0:  # the step-based stall detector takes its time out of gaps
+            # The step-based stall detector takes its time out of gaps. A pause inside
+            # another (the trainer's wait for an async save within its save) is the outer
+            # one's time: one event, the outermost's.
+            if self.rank == 0 and before not in PAUSES:
                 detail = {"duration_s": time.perf_counter() - started_s}
                 self.event(f"pause:{phase}", max(0, self.step_count - 1), detail=detail)
 

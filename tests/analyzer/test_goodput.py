@@ -107,3 +107,38 @@ def test_an_async_checkpoint_costs_its_stall_and_supervisor_actions_are_counted(
     assert (g.checkpoints, g.checkpoint_s) == (1, pytest.approx(2))
     assert (g.fences, g.rollbacks, g.rolled_back_steps) == (1, 1, 12)
     assert g.summary().endswith("; supervisor: 1 node(s) fenced, 1 rollback(s) of 12 steps")
+
+
+def _paused_at_50(seconds: float) -> dict:
+    """1 s steps, with `seconds` more in the gap before step 51."""
+    steps = _steady(100)
+    times = steps["time_unix_s"]
+    steps["time_unix_s"] = [t + (seconds if s > 50 else 0) for s, t in enumerate(times)]
+    return steps
+
+
+def _pause(kind: str, seconds: float, at_s: float) -> dict:
+    detail = json.dumps({"duration_s": seconds})
+    return {"step": [50], "kind": [kind], "detail": [detail], "time_unix_s": [at_s]}
+
+
+def test_a_declared_evaluation_is_its_own_cause_not_a_stall() -> None:
+    steps = _paused_at_50(120)
+    undeclared = goodput("r", steps, {})
+    assert (undeclared.stalls, undeclared.stall_s) == (1, pytest.approx(120))
+    g = goodput("r", steps, _pause("pause:eval", 120, T0 + 170.5))
+    assert (g.evals, g.eval_s, g.stalls, g.stall_s) == (1, pytest.approx(120), 0, 0.0)
+    assert g.productive_s == pytest.approx(100)
+    assert "evaluations 2.0 min (1), stalls 0 s (0)" in g.summary()
+
+
+def test_a_declared_save_is_checkpoint_time_counted_once_with_the_trainers_event() -> None:
+    steps = _paused_at_50(60)
+    alone = goodput("r", steps, _pause("pause:checkpoint", 60, T0 + 110.5))
+    assert (alone.checkpoints, alone.checkpoint_s, alone.stalls) == (1, pytest.approx(60), 0)
+    # The trainer's save (58 s) inside its declared pause (60 s): one save of 60 s.
+    saved = _pause("checkpoint", 58, T0 + 109.5)
+    both = {k: saved[k] + v for k, v in _pause("pause:checkpoint", 60, T0 + 110.5).items()}
+    g = goodput("r", steps, both)
+    assert (g.checkpoints, g.checkpoint_s, g.stalls) == (1, pytest.approx(60), 0)
+    assert "evaluations" not in g.summary()

@@ -108,6 +108,9 @@ def test_a_declared_pause_is_the_phase_while_it_lasts() -> None:
         assert live.phase == "data_wait"
         with pytest.raises(RuntimeError), monitor.pause():  # an error inside: restored too
             assert live.phase == "checkpoint"
+            with monitor.pause("checkpoint"):  # nested (an async save's wait): one event
+                pass
+            assert live.phase == "checkpoint"
             raise RuntimeError("the save failed")
         assert live.phase == "data_wait"
         with pytest.raises(
@@ -194,7 +197,7 @@ def test_a_process_ending_without_close_exports_what_is_queued_and_says_exited(
         {ending}
     """)
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == code, done.stderr
     assert [r["phase"] for r in receiver.rows] == ["idle", "exited"]
