@@ -175,11 +175,11 @@ def test_parquet_export_is_served_in_replay_mode(settings, tmp_path) -> None:
         live_steps = live.get("/api/v1/runs/r1/steps").json()
     out = tmp_path / "export"
     argv = [sys.executable, "-m", "trainvitals", "export", settings.store_path, str(out)]
-    r = subprocess.run([*argv, "--run", "r1"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*argv, "--run", "r1"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "50 steps" in r.stdout and "100 ranks" in r.stdout
     assert [p.name for p in (out / "steps").iterdir()] == ["run_id=r1"]
-    again = subprocess.run([*argv, "--run", "r1"], capture_output=True, text=True, timeout=120)
+    again = subprocess.run([*argv, "--run", "r1"], capture_output=True, text=True, timeout=300)
     assert again.returncode != 0 and "already holds an export" in again.stderr
     with TestClient(create_app(Settings(store_path=str(out), replay=True))) as replay:
         assert [run["run_id"] for run in replay.get("/api/v1/runs").json()] == ["r1"]
