@@ -61,9 +61,13 @@ class StragglerSettings:
     # within 30 steps. Every step logged, the window holds 25 logged steps; at log_every=4, 7.
     persist_steps: int = 25
     # Logged steps the window holds at least: where log_every leaves fewer in
-    # persist_steps steps, the window reaches back further (at log_every=10, 50 steps).
-    # 5 is the fewest in which persist_fraction (0.8) leaves room for one noisy step.
-    min_logged_steps: int = 5
+    # persist_steps steps, the window reaches back further (at log_every=10, 60 steps).
+    # 5 is the fewest in which persist_fraction (0.8) leaves room for one noisy step; at
+    # 5, one of 4 clean 1,000-step dp=4 runs logged every 10 steps with 8 busy processes
+    # on 2 cores named a busy neighbour's 40-step slowdown (4 of 5 logged steps; sparse
+    # logging rarely shows the bursts that make a cohort restless). 6 did not, and named
+    # a 15% straggler on the same loaded machine as soon (bench/detect.py).
+    min_logged_steps: int = 6
     # Share of the window's logged steps in which the rank's excess must clear the bar
     # (0.8: 20 of 25). One noisy step, or five, in the window do not decide either way.
     persist_fraction: float = 0.8

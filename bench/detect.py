@@ -12,7 +12,8 @@ Two sources of labeled runs, both fed through the Analyzer the collector runs:
   before the loss jumps) and a spike made by one rank (its local loss jumps, as when a
   rank's data or arithmetic goes wrong; large enough to move the job's mean loss);
 - real trainer runs (torchrun on CPU, 4 ranks dp=2 x tp=2, canary every 10 steps) with
-  faults injected by trainer/faults.py, and clean runs of 60 to 1,000 steps (REAL_RUNS).
+  faults injected by trainer/faults.py, and clean runs of 60 to 1,000 steps (REAL_RUNS),
+  logged every step, and some logged every 10 (a few of those at dp=4).
   Most train while the bench itself loads the machine to 4x its cores with busy
   processes, killed after each run; a few (a 15% straggler on 4 and on 8 ranks, a clean
   run of each size) add no load. Their telemetry files are kept in --real-dir and reused; delete
@@ -25,7 +26,8 @@ machine of any size: the load follows its core count), `--real-steps` shortens t
 
 Scoring: a fault is found by a detector when an alert of its kind comes within the
 fault's window (EXPECT; a straggler named in a restless cohort, whose message says so, 30
-steps more: restless_persist_steps - persist_steps); latency is in logged steps. An
+steps more: restless_persist_steps - persist_steps; in a run logged every k steps, a
+straggler's window is at least min_logged_steps x k); latency is in logged steps. An
 alert is explained when it falls
 in a fault's window of its own kind or of a known knock-on effect (KNOCK_ON: a throttled
 GPU also makes a straggler); precision is explained alerts / all alerts of the kind. Every
@@ -114,6 +116,7 @@ class Scenario:
     signals: set[str] = field(default_factory=set)  # alert kinds whose signal exists
     anonymous: set[str] = field(default_factory=set)  # kinds that cannot name a culprit here
     alerts: list = field(default_factory=list)
+    log_every: int = 1  # steps between logged steps
 
 
 # ---------------------------------------------------------------------------- simulated
@@ -258,11 +261,16 @@ class RealRun:
     loaded: bool = True
     nproc: int = 4
     extra: tuple[str, ...] = ()
+    tp: int = 2  # 2: 4 ranks are 2 x 2 and 8 ranks 4 x 2
 
     @property
     def layout(self) -> list[str]:
-        """dp x tp: tp=2 always, so that 4 ranks are 2 x 2 and 8 ranks 4 x 2."""
-        return ["--dp", str(self.nproc // 2), "--tp", "2"]
+        return ["--dp", str(self.nproc // self.tp), "--tp", str(self.tp)]
+
+    @property
+    def log_every(self) -> int:
+        flags = list(self.extra)
+        return int(flags[flags.index("--log-every") + 1]) if "--log-every" in flags else 1
 
 
 # The machine's load while a loaded run trains: BUSY_PER_CORE busy processes per core
@@ -286,11 +294,32 @@ REAL_RUNS = {
     # steps, and a busy neighbour's slowdown fills fewer logged steps in a row.
     "clean-long-every10-0": RealRun(steps=LONG_STEPS, extra=("--seed", "7", "--log-every", "10")),
     "clean-long-every10-1": RealRun(steps=LONG_STEPS, extra=("--seed", "8", "--log-every", "10")),
+    "clean-long-dp4-every10-0": RealRun(
+        steps=LONG_STEPS, extra=("--seed", "9", "--log-every", "10"), tp=1
+    ),
+    "clean-long-dp4-every10-1": RealRun(
+        steps=LONG_STEPS, extra=("--seed", "10", "--log-every", "10"), tp=1
+    ),
+    "clean-long-dp4-every10-2": RealRun(
+        steps=LONG_STEPS, extra=("--seed", "11", "--log-every", "10"), tp=1
+    ),
+    "clean-long-dp4-every10-3": RealRun(
+        steps=LONG_STEPS, extra=("--seed", "12", "--log-every", "10"), tp=1
+    ),
+    "clean-long-dp4-every10-4": RealRun(
+        steps=LONG_STEPS, extra=("--seed", "13", "--log-every", "10"), tp=1
+    ),
+    "clean-long-dp4-every10-5": RealRun(
+        steps=LONG_STEPS, extra=("--seed", "14", "--log-every", "10"), tp=1
+    ),
     "straggler15-every10": RealRun(
         ("straggler:rank=3,step=100,slowdown=0.15",), steps=300, extra=("--log-every", "10")
     ),
     # No load added by the bench (other work on the machine goes on).
     "quiet-straggler15": RealRun(("straggler:rank=2,step=20,slowdown=0.15",), 100, False),
+    "quiet-straggler15-every10": RealRun(
+        ("straggler:rank=2,step=50,slowdown=0.15",), 200, False, extra=("--log-every", "10")
+    ),
     "quiet-clean": RealRun(steps=200, loaded=False, extra=("--seed", "5")),
     "quiet-8rank-straggler15": RealRun(
         ("straggler:rank=5,step=10,slowdown=0.15",), steps=60, loaded=False, nproc=8
@@ -373,7 +402,7 @@ def real_scenarios(args: argparse.Namespace) -> list[Scenario]:
             run_id, tables = to_arrow(orjson.loads(line))
             alerts += analyzer.observe(run_id, tables)
             events += tables["events"].to_pylist() if "events" in tables else []
-            have, cannot = _signals(tables, tp=2)
+            have, cannot = _signals(tables, tp=run.tp)
             signals |= have
             anonymous |= cannot
         truths = []
@@ -398,6 +427,7 @@ def real_scenarios(args: argparse.Namespace) -> list[Scenario]:
             signals=signals,
             anonymous=anonymous,
             alerts=alerts,
+            log_every=run.log_every,
         )
         out.append(sc)
         print(f"  {name}: {len(alerts)} alerts ({note})", file=sys.stderr, flush=True)
@@ -449,14 +479,17 @@ class Score:
     explained: int = 0
 
 
-def extra_steps(alert: Alert) -> int:
-    """Steps an alert may come later than its fault's window: a straggler in a restless
-    cohort (a shared machine) is judged over restless_persist_steps, not persist_steps, and
-    its message says so."""
-    if alert.kind != "straggler" or "a restless cohort" not in alert.message:
+def extra_steps(alert: Alert, log_every: int) -> int:
+    """Steps an alert may come later than its fault's window: a straggler is judged over
+    persist_steps, or where logging is sparse over min_logged_steps logged steps, which
+    take longer; in a restless cohort (a shared machine), whose message says so, over
+    restless_persist_steps."""
+    if alert.kind != "straggler":
         return 0
     s = StragglerSettings()
-    return s.restless_persist_steps - s.persist_steps
+    restless = "a restless cohort" in alert.message
+    window = s.restless_persist_steps if restless else s.persist_steps
+    return max(window, s.min_logged_steps * log_every) - s.persist_steps
 
 
 def score(scenarios: list[Scenario]) -> tuple[dict, Counter, Counter, list]:
@@ -474,7 +507,7 @@ def score(scenarios: list[Scenario]) -> tuple[dict, Counter, Counter, list]:
                 s.faults += 1
                 hits = [
                     a for a in raised
-                    if a.kind == kind and t.step <= a.step <= t.step + window + extra_steps(a)
+                    if a.kind == kind and t.step <= a.step <= t.step + window + extra_steps(a, sc.log_every)
                 ]  # fmt: skip
                 want = None if kind in sc.anonymous else culprit_of(t, culprit)
                 s.culprits += want is not None
@@ -640,7 +673,8 @@ def main() -> None:
     sim = report(f"simulated fleets ({args.ranks} ranks, {args.steps} steps of 2 s each)", sims,
                  lines)  # fmt: skip
     loaded = report(
-        f"real 4-rank trainer runs (dp=2 x tp=2, CPU), {BUSY_PER_CORE} busy processes per core "
+        f"real 4-rank trainer runs (dp=2 x tp=2, or dp=4 where named, CPU), {BUSY_PER_CORE} "
+        "busy processes per core "
         "started by the bench",
         [s for s in reals if s.source == "real-loaded"],
         lines,

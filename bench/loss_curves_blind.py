@@ -607,10 +607,11 @@ def steps_table(run: Run, mode: str) -> pa.Table:
     return map_columns(pa.table(cols), {})
 
 
-def analyze(run: Run, mode: str) -> list:
+def analyze(run: Run, mode: str, config: AnalyzerConfig | None = None) -> list:
     """Every alert (resolutions included) the analyzer raises over the run."""
     steps = steps_table(run, mode)
-    return Analyzer(lambda: step_detectors(AnalyzerConfig())).observe(
+    config = config or AnalyzerConfig()
+    return Analyzer(lambda: step_detectors(config)).observe(
         f"{run.family}-{run.seed}", {"steps": steps}
     )
 
@@ -680,8 +681,8 @@ class Score:
     any_kind: bool = False  # an alert of any kind within the window
 
 
-def score(run: Run, mode: str) -> Score:
-    alerts = [a for a in analyze(run, mode) if not a.resolves]
+def score(run: Run, mode: str, config: AnalyzerConfig | None = None) -> Score:
+    alerts = [a for a in analyze(run, mode, config) if not a.resolves]
     if run.onset is None:
         return Score(run, mode, len(run.step), alerts)
     pre = [a for a in alerts if a.step < run.onset]
@@ -916,7 +917,12 @@ def main(argv: list[str] | None = None) -> int:
         help="compare the CLI and the in-process alerts on N runs, then stop",
     )
     p.add_argument("--probe", action="store_true", help="run the post-hoc probes, then stop")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        help="a detector setting other than its default (repeatable), to try one",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    config = AnalyzerConfig.load(overrides=args.set)
     if args.cli_check:
         return cli_check(args.cli_check)
     if args.probe:
@@ -926,7 +932,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(text)
         return 0
     scores = [
-        score(build(fam, seed), mode)
+        score(build(fam, seed), mode, config)
         for fam in args.families.split(",")
         for seed in range(args.first_seed, args.first_seed + args.seeds)
         for mode in MODES
@@ -936,7 +942,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines = [
         f"bench/loss_curves_blind.py {seeds}: {len(scores) // 2} runs, each "
-        "scored with grad_norm+lr (full) and with the loss alone (loss-only); default settings",
+        "scored with grad_norm+lr (full) and with the loss alone (loss-only); "
+        + (f"settings: {', '.join(args.set)}" if args.set else "default settings"),
         "found = an alert of an expected kind within [onset, onset + window]; latency in steps; "
         "false = every alert of a clean run and every alert before a fault's onset; any = runs "
         "with an alert of any kind in the window",

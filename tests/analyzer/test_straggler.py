@@ -158,11 +158,11 @@ def test_persistence_counts_training_steps_not_logged_ones() -> None:
 
 def test_a_sparse_log_every_widens_the_window_to_min_logged_steps() -> None:
     # Logged every 10 steps, 25 steps hold 3 logged ones: too few to tolerate one noisy
-    # step. The window reaches back to 5 (50 steps): a 25-step burst, 3 logged steps above
-    # the bar, is not named; a sustained slowdown is, once 4 of its last 5 are slow.
-    assert rows(cohort(400, 4, slow={2: [(195, 220, 0.5)]}, log_every=10)) == []
+    # step. The window reaches back to 6 (60 steps): a 40-step burst, 4 logged steps above
+    # the bar, is not named; a sustained slowdown is, once 5 of its last 6 are slow.
+    assert rows(cohort(400, 4, slow={2: [(195, 235, 0.5)]}, log_every=10)) == []
     (alert,) = rows(cohort(400, 4, slow={2: [(200, 400, 0.5)]}, log_every=10))
-    assert (alert.rank, alert.start_step, alert.step) == (2, 200, 230)
+    assert (alert.rank, alert.start_step, alert.step) == (2, 200, 240)
 
 
 def _tp_cohort(steps: int, slow_rank: int, in_group_last: float, seed: int = 0):
