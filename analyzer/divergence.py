@@ -28,6 +28,15 @@ _FAST_WINDOW = 3
 # Standard error of the median of n Gaussian values: sqrt(pi / 2) x sigma / sqrt(n)
 # (asymptotic efficiency of the median; Kenney & Keeping, 1962).
 _MEDIAN_SE = math.sqrt(math.pi / 2)
+# The level's wander while healthy is measured over this many logged steps, once it holds
+# _WANDER_MIN of them. For white noise, the level's distance from the slower level has
+# sqrt(1 - 10/50) = 0.89x the level's standard error (the slower median's samples hold
+# the level's, so their errors are correlated): x 1.12 puts it back on the level's scale.
+_WANDER_STEPS = 500
+_WANDER_MIN = 50
+_WANDER_TO_SE = 1.12
+# Interquartile range of a normal distribution, in standard deviations.
+_IQR_TO_SIGMA = 1 / 1.349
 
 
 @dataclass(frozen=True)
@@ -248,7 +257,9 @@ class DivergenceDetector:
     (see the settings). It resolves once `m` is back within `resolve_rise` of `B`.
     Warm restarts of the learning rate pause it; while it
     warms up to new peaks a rise needs the gradient norm's growth too (lr_schedule.py).
-    The noise is the robust spread of step-to-step differences, as in the spike detector.
+    The noise is the robust spread of step-to-step differences, as in the spike detector;
+    the level's standard error is the larger of what that noise gives and the level's own
+    wander around the slower level while healthy (a drift on top of the noise).
     Per step: a few O(window) inserts into sorted windows.
     """
 
@@ -263,6 +274,7 @@ class DivergenceDetector:
     _g_now: float = math.nan  # this step's log gradient norm; NaN: not reported
     _diffs: RollingWindow = field(init=False, repr=False)
     _lows: _LowestOf = field(init=False, repr=False)
+    _wander: RollingWindow = field(init=False, repr=False)  # healthy level - slower level
     _restarts: WarmRestarts = field(init=False, repr=False)
     _warmup: WarmUp = field(init=False, repr=False)
     _warming: bool = False  # the learning rate is warming up: a loss rise is expected
@@ -292,6 +304,7 @@ class DivergenceDetector:
         self._grad_diffs = RollingWindow(cfg.noise_window)
         self._diffs = RollingWindow(cfg.noise_window)
         self._lows = _LowestOf(cfg.baseline_window)
+        self._wander = RollingWindow(_WANDER_STEPS)
         self._restarts = WarmRestarts(cfg.restart_lr_ratio)
         self._warmup = WarmUp(cfg.warmup_grace_steps)
         self._recent = deque(maxlen=cfg.level_window + 1)
@@ -319,8 +332,7 @@ class DivergenceDetector:
             self._grace_left -= 1
             return []
         if self._onset is None or self._seen < self.settings.min_history:
-            self._lows.push(self._slow_level.median())
-            self._healthy(s.step, self._lows.lowest())
+            self._healthy(s.step, self._lowest_slow())
             return []
         return self._judge(s)
 
@@ -382,6 +394,28 @@ class DivergenceDetector:
         mad = median_of_sorted(sorted(abs(d - typical) for d in diffs))
         return MAD_TO_SIGMA * mad / math.sqrt(2)  # a difference holds two values' noise
 
+    def _lowest_slow(self) -> float:
+        """The baseline while healthy: the lowest slower level of the last
+        `baseline_window` steps. Until the slower median holds its whole window it is that
+        median alone: the median of a run's first few noisy losses is no floor (at 15%
+        noise, those of the first 20 steps of a flat loss sat 19% under its level, and a
+        baseline kept there raised `loss_diverging` 26 times in 3,000 clean steps)."""
+        slow = self._slow_level.median()
+        if len(self._slow_level) < self.settings.baseline_level_window:
+            return slow
+        self._lows.push(slow)
+        return self._lows.lowest()
+
+    def _wander_se(self) -> float:
+        """The level's standard error from its own wander while healthy: the robust spread
+        (interquartile range) of its distance from the slower level; 0 until
+        _WANDER_MIN healthy steps are known. O(1): the window is kept sorted."""
+        n = len(self._wander)
+        if n < _WANDER_MIN:
+            return 0.0
+        v = self._wander.values()
+        return _WANDER_TO_SE * _IQR_TO_SIGMA * (v[(3 * n) // 4] - v[n // 4])
+
     def _climb_start(self, baseline: float, sigma: float) -> int:
         """The logged step before the first loss of the level's window that stands more
         than 3 noise deviations above the baseline; the last healthy step if none does."""
@@ -394,11 +428,13 @@ class DivergenceDetector:
         cfg = self.settings
         level = self._level.median()
         sigma = self._noise()
-        se = _MEDIAN_SE * sigma / math.sqrt(len(self._level))
+        # White noise sets the level's error; a slow drift on top (an SFT run's heavy-tailed
+        # noise, a data order's wander) moves the level more, and then its wander does.
+        se = max(_MEDIAN_SE * sigma / math.sqrt(len(self._level)), self._wander_se())
         frozen = self._onset is not None and level - self._onset.baseline > cfg.healthy_z * se
         if not frozen:
-            self._lows.push(self._slow_level.median())
-            baseline = self._lows.lowest()
+            self._wander.push(level - self._slow_level.median())
+            baseline = self._lowest_slow()
         else:
             baseline = self._onset.baseline
         rise = level - baseline

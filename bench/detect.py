@@ -61,6 +61,7 @@ import pyarrow.compute as pc
 
 from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.alerts import Alert
+from trainvitals.analyzer.config import AnalyzerConfig
 from trainvitals.analyzer.straggler import StragglerSettings
 from trainvitals.schema import to_arrow
 from trainvitals.simulate import FleetSpec, simulate
@@ -201,12 +202,14 @@ def perturb(doc: dict, truths: list[Truth], rng: np.random.Generator, ranks: int
             doc["steps"]["loss"] = np.array([loss.mean()])
 
 
-def run_sim(spec: FleetSpec, truths: list[Truth], seed: int, chunk: int = 250) -> list:
+def run_sim(
+    spec: FleetSpec, truths: list[Truth], seed: int, config: AnalyzerConfig, chunk: int = 250
+) -> list:
     """Alerts of one simulated run, fed to the Analyzer in chunks of logged steps."""
     # bench/ is on sys.path when run as a script; it needs DuckDB, which real runs do not.
     from replay_speed import arrow_tables
 
-    analyzer, alerts, buf = Analyzer(), [], []
+    analyzer, alerts, buf = Analyzer(config=config), [], []
     rng = np.random.default_rng(seed)
     for doc in simulate(spec):
         perturb(doc, truths, rng, spec.ranks)
@@ -237,7 +240,7 @@ def sim_scenarios(args: argparse.Namespace) -> list[Scenario]:
         )
         sc = Scenario(spec.run_id, "sim", truths, args.steps, SIM_CANARY_EVERY)
         sc.signals = {k for v in EXPECT.values() for k, _, _ in v}
-        sc.alerts = run_sim(spec, truths, seed=i)
+        sc.alerts = run_sim(spec, truths, seed=i, config=AnalyzerConfig.load(overrides=args.set))
         out.append(sc)
         what = ", ".join(f"{t.kind} {t.label}" for t in truths) or "clean"
         print(
@@ -397,7 +400,8 @@ def real_scenarios(args: argparse.Namespace) -> list[Scenario]:
         stem = name if args.real_steps is None else f"{name}-{run.steps}"
         path = out_dir / f"{stem}.jsonl"
         note = train(name, run, path) if not path.exists() else f"reused {path}"
-        analyzer, alerts, events, signals, anonymous = Analyzer(), [], [], set(), set()
+        analyzer = Analyzer(config=AnalyzerConfig.load(overrides=args.set))
+        alerts, events, signals, anonymous = [], [], set(), set()
         for line in path.read_bytes().splitlines():
             run_id, tables = to_arrow(orjson.loads(line))
             alerts += analyzer.observe(run_id, tables)
@@ -505,9 +509,10 @@ def score(scenarios: list[Scenario]) -> tuple[dict, Counter, Counter, list]:
                 window = sc.canary_every if within == "canary" else within
                 s = scores[kind]
                 s.faults += 1
+                late = t.step + window
                 hits = [
                     a for a in raised
-                    if a.kind == kind and t.step <= a.step <= t.step + window + extra_steps(a, sc.log_every)
+                    if a.kind == kind and t.step <= a.step <= late + extra_steps(a, sc.log_every)
                 ]  # fmt: skip
                 want = None if kind in sc.anonymous else culprit_of(t, culprit)
                 s.culprits += want is not None
@@ -650,6 +655,10 @@ def main() -> None:
         + ")",
     )
     p.add_argument("--real-steps", type=int, help="steps of each real run (default: its own)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+        help="a detector setting other than its default (repeatable), to try one",
+    )  # fmt: skip
     p.add_argument(
         "--real-dir",
         default=str(Path(tempfile.gettempdir()) / "trainvitals-detect"),

@@ -366,3 +366,39 @@ def test_the_ramp_evidence_starts_again_whenever_a_step_explains_the_window() ->
     # 0-19 are flagged). Were the evidence only held while a step explains the window, the
     # chance openings would add up and flag it again and again (9 times).
     assert len(_ramp_steps(6, 500, 0.03, 0)) == 1
+
+
+def _noisy(seed: int, noise: float, drift: float = 0.0, climb_at: int | None = None) -> list[float]:
+    """3,000 losses near 1.1 (from 2.1, falling over the first ~1,000 steps where `drift`)
+    with log-normal `noise` and an AR(1) drift (phi 0.8, innovations `drift`) on top; from
+    `climb_at`, +50% over 200 steps (loss alone, as a fine-tune's log may hold)."""
+    rng, level, out = random.Random(seed), 0.0, []
+    for s in range(3000):
+        level = 0.8 * level + rng.gauss(0, drift) if drift else 0.0
+        up = 0.0 if climb_at is None else math.log(1.5) * min(1.0, max(0, s - climb_at) / 200)
+        trend = 1.1 + (math.exp(-s / 300) if drift else 0.0)
+        out.append(trend * math.exp(level + up + rng.gauss(0, noise)))
+    return out
+
+
+def _diverging(loss: list[float]) -> list[int]:
+    detector, out = DivergenceDetector(), []
+    for s, x in enumerate(loss):
+        out += [s for a in detector.observe(StepView("r", s, float(s), x, None)) if not a.resolves]
+    return out
+
+
+def test_the_baseline_waits_for_a_full_slow_window() -> None:
+    # A flat loss with 15% noise (a fine-tune's): the median of its first 20 losses sat 19%
+    # under its level on seed 0, and a baseline kept there raised 26 alerts in 3,000 steps
+    # (7 on seed 6). A +50% climb on the same noise is still flagged.
+    for seed in (0, 6):
+        assert _diverging(_noisy(seed, 0.15)) == []
+        (first, *_) = _diverging(_noisy(seed, 0.15, climb_at=2000))
+        assert 2000 < first <= 2150, first
+
+
+def test_a_drift_on_top_of_the_noise_widens_the_levels_error() -> None:
+    # 10% noise plus a drift that step-to-step differences barely see (AR(1), 0.8): from
+    # the noise alone the level's error was too small, and 5 alerts came in 8 clean runs.
+    assert [s for seed in range(8) for s in _diverging(_noisy(seed, 0.1, drift=0.02))] == []
