@@ -17,7 +17,8 @@ Two sources of labeled runs, both fed through the Analyzer the collector runs:
   Most train while the bench itself loads the machine to 4x its cores with busy
   processes, killed after each run; a few (a 15% straggler on 4 and on 8 ranks, a clean
   run of each size) add no load. Their telemetry files are kept in --real-dir and reused; delete
-  them to train again. The real runs take about 15 minutes on 2 cores.
+  them to train again. The real runs take about an hour on 2 cores (the 1,000-step runs
+  logged every 10 steps, 4-8 minutes each, are most of it; `--only` picks some).
 
 False alerts are reported per 10,000 clean steps, for every kind, separately for the
 simulated, the loaded real and the quiet real runs. The last line is the headline.
