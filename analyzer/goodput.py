@@ -234,13 +234,11 @@ def _events_by_gap(events: dict[str, list], step: np.ndarray, t: np.ndarray) -> 
             d = _detail(detail)
             checkpoints += kind == "checkpoint"
             # An async save's time is its stall, charged at its start; its completion is free.
-            duration = d.get("stall_s") if kind == "checkpoint_stall" else d.get("duration_s")
-            if isinstance(duration, int | float) and duration > 0:
-                checkpoint_s[i] += float(duration)
+            key = "stall_s" if kind == "checkpoint_stall" else "duration_s"
+            checkpoint_s[i] += _seconds(d, key)
             saved[i] = True
         elif kind in ("pause:checkpoint", "pause:eval"):
-            duration = _detail(detail).get("duration_s")
-            seconds = float(duration) if isinstance(duration, int | float) and duration > 0 else 0.0
+            seconds = _seconds(_detail(detail), "duration_s")
             if kind == "pause:eval":
                 evals, eval_s[i] = evals + 1, eval_s[i] + seconds
             else:
@@ -256,6 +254,12 @@ def _stalls(
 ) -> np.ndarray:
     """Gaps that the stall rule calls a stall, on what is left of them after checkpoints."""
     return np.asarray(is_stall(spare + spanned * per_step, spanned, per_step, min_gap_s, k))
+
+
+def _seconds(detail: dict, key: str) -> float:
+    """A duration from an event's detail; 0 where missing, not a number, or not positive."""
+    value = detail.get(key)
+    return float(value) if isinstance(value, int | float) and value > 0 else 0.0
 
 
 def _detail(detail: str | None) -> dict:

@@ -922,7 +922,10 @@ def main(argv: list[str] | None = None) -> int:
         help="a detector setting other than its default (repeatable), to try one",
     )  # fmt: skip
     args = p.parse_args(argv)
-    config = AnalyzerConfig.load(overrides=args.set)
+    try:
+        config = AnalyzerConfig.load(overrides=args.set)
+    except ValueError as e:
+        p.error(str(e))
     if args.cli_check:
         return cli_check(args.cli_check)
     if args.probe:
