@@ -509,7 +509,10 @@ def main() -> None:
     )  # fmt: skip
     p.add_argument("--out", default="", help="also write the output here")
     args = p.parse_args()
-    config = AnalyzerConfig.load(overrides=args.set)
+    try:
+        config = AnalyzerConfig.load(overrides=args.set)
+    except ValueError as e:  # a bad --set: a usage error, not a traceback
+        p.error(str(e))
     if args.seeds:
         sets = {f"seeds {args.first_seed}-{args.first_seed + args.seeds - 1}": range(
             args.first_seed, args.first_seed + args.seeds)}  # fmt: skip
