@@ -35,6 +35,8 @@ _MEDIAN_SE = math.sqrt(math.pi / 2)
 _WANDER_STEPS = 500
 _WANDER_MIN = 50
 _WANDER_TO_SE = 1.12
+# Healthy steps whose offsets are known before the baseline is raised by their median.
+_OFFSET_MIN = 50
 # Interquartile range of a normal distribution, in standard deviations.
 _IQR_TO_SIGMA = 1 / 1.349
 
@@ -53,6 +55,13 @@ class DivergenceSettings:
     # Logged steps over which the baseline is the lowest slow median (while healthy): a
     # climb slower than this would drag the baseline along with it.
     baseline_window: int = 1000
+    # Logged steps (while healthy) over which the baseline's offset is measured: the
+    # baseline is the lowest slower median plus the median of that median's distance
+    # above its lowest, once `_OFFSET_MIN` such steps are known (0: the lowest alone). On
+    # a falling loss the distance is about 0; on a flat loss that wanders, the lowest is
+    # the wander's low and a wander up looks like a climb, so the baseline is raised to
+    # the typical level.
+    baseline_offset_window: int = 500
     # Logged steps of step-to-step differences behind the noise estimate.
     noise_window: int = 100
     # Finite losses seen before judging anything.
@@ -183,7 +192,7 @@ class DivergenceSettings:
         ):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise ValueError(f"divergence.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("restart_grace_steps", "warmup_grace_steps"):
+        for name in ("restart_grace_steps", "warmup_grace_steps", "baseline_offset_window"):
             if getattr(self, name) < 0:
                 raise ValueError(f"divergence.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("cusum_allowance", "cusum_threshold", "cusum_clip"):
@@ -240,7 +249,8 @@ class DivergenceDetector:
 
     Per logged step, in log space: the level `m` (median of the last `level_window`
     losses) against the baseline `B`, the lowest slower median (`baseline_level_window`)
-    of the last `baseline_window` steps. While `m` stays within `healthy_z` standard
+    of the last `baseline_window` steps, raised by that median's typical distance above
+    its lowest while healthy (`baseline_offset_window`). While `m` stays within `healthy_z` standard
     errors of `B` the step is healthy; once it leaves, `B` is frozen, so a slow climb
     cannot drag it along. The onset (`start_step`) is the logged step before the climb's
     first loss: the first of the level's window more than 3 noise standard deviations
@@ -274,6 +284,7 @@ class DivergenceDetector:
     _g_now: float = math.nan  # this step's log gradient norm; NaN: not reported
     _diffs: RollingWindow = field(init=False, repr=False)
     _lows: _LowestOf = field(init=False, repr=False)
+    _offsets: RollingWindow = field(init=False, repr=False)  # healthy slower level - lowest
     _wander: RollingWindow = field(init=False, repr=False)  # healthy level - slower level
     _restarts: WarmRestarts = field(init=False, repr=False)
     _warmup: WarmUp = field(init=False, repr=False)
@@ -304,6 +315,7 @@ class DivergenceDetector:
         self._grad_diffs = RollingWindow(cfg.noise_window)
         self._diffs = RollingWindow(cfg.noise_window)
         self._lows = _LowestOf(cfg.baseline_window)
+        self._offsets = RollingWindow(max(cfg.baseline_offset_window, 1))
         self._wander = RollingWindow(_WANDER_STEPS)
         self._restarts = WarmRestarts(cfg.restart_lr_ratio)
         self._warmup = WarmUp(cfg.warmup_grace_steps)
@@ -367,6 +379,7 @@ class DivergenceDetector:
     def _rebase(self) -> None:
         """Build the baseline afresh from the steps that follow."""
         self._lows.clear()
+        self._offsets.clear()
         self._onset = None
         self._streak = 0
         self._cusum = 0.0
@@ -396,7 +409,8 @@ class DivergenceDetector:
 
     def _lowest_slow(self) -> float:
         """The baseline while healthy: the lowest slower level of the last
-        `baseline_window` steps. Until the slower median holds its whole window it is that
+        `baseline_window` steps, raised by its typical offset (`baseline_offset_window`).
+        Until the slower median holds its whole window it is that
         median alone: the median of a run's first few noisy losses is no floor (at 15%
         noise, those of the first 20 steps of a flat loss sat 19% under its level, and a
         baseline kept there raised `loss_diverging` 26 times in 3,000 clean steps)."""
@@ -404,7 +418,13 @@ class DivergenceDetector:
         if len(self._slow_level) < self.settings.baseline_level_window:
             return slow
         self._lows.push(slow)
-        return self._lows.lowest()
+        lowest = self._lows.lowest()
+        if self.settings.baseline_offset_window == 0:
+            return lowest
+        self._offsets.push(slow - lowest)
+        if len(self._offsets) < _OFFSET_MIN:
+            return lowest
+        return lowest + self._offsets.median()
 
     def _wander_se(self) -> float:
         """The level's standard error from its own wander while healthy: the robust spread

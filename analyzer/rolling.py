@@ -26,6 +26,10 @@ class RollingWindow:
     def median(self) -> float:
         return median_of_sorted(self._sorted)
 
+    def clear(self) -> None:
+        self._recent.clear()
+        self._sorted.clear()
+
     def values(self) -> list[float]:
         """The values, sorted."""
         return self._sorted
