@@ -297,6 +297,8 @@ class DivergenceDetector:
     _recent: deque[tuple[int, float]] = field(init=False, repr=False)  # (step, log-loss)
     _fast: deque[float] = field(init=False, repr=False)  # fast levels, last level_window
     _peak: float = -math.inf  # highest level since the onset
+    _jump: float = math.inf  # log-loss level the episode jumped to at its start
+    _shifted_for: int = 0  # consecutive logged steps the level stayed where it jumped
     _streak: int = 0  # consecutive steps meeting the rule
     _cusum: float = 0.0  # evidence of a climb since the onset, in noise deviations
     _grown_streak: int = 0  # consecutive steps the gradient norm's level stood grown
@@ -390,6 +392,8 @@ class DivergenceDetector:
         grad = self._slow_grad.median() if len(self._slow_grad) else math.nan
         self._onset = _Onset(step, baseline, grad)
         self._start = None
+        self._jump = math.inf
+        self._shifted_for = 0
         self._peak = -math.inf
         self._streak = 0
         self._cusum = 0.0
@@ -436,6 +440,13 @@ class DivergenceDetector:
         v = self._wander.values()
         return _WANDER_TO_SE * _IQR_TO_SIGMA * (v[(3 * n) // 4] - v[n // 4])
 
+    def _jumped_to(self) -> float:
+        """The median log-loss since the climb's start, when the level first leaves the
+        healthy band: where a shift jumped to (the level lags it by half its window), or
+        the first few steps of a climb."""
+        after = sorted(x for step, x in self._recent if step > self._start)
+        return median_of_sorted(after) if after else math.inf
+
     def _climb_start(self, baseline: float, sigma: float) -> int:
         """The logged step before the first loss of the level's window that stands more
         than 3 noise deviations above the baseline; the last healthy step if none does."""
@@ -468,6 +479,8 @@ class DivergenceDetector:
         self._peak = max(self._peak, level)
         if self._start is None:
             self._start = self._climb_start(baseline, sigma)
+        if self._recent[0][0] <= self._start:  # every loss since the start still in view
+            self._jump = self._jumped_to()
         if self._alert is not None:
             return alerts
         onset = self._onset
@@ -475,8 +488,22 @@ class DivergenceDetector:
         corroborated = growth is not None and growth >= max(
             math.log(cfg.min_grad_growth), cfg.grad_z * self._grad_growth_se()
         )
+        # A level that jumped at the start (by `noise_z` standard errors: a slow climb's
+        # first losses do not) and has not risen above where it jumped is a shift (a data
+        # mixture's switch, with its gradient norm's jump), not a climb: only a rise of
+        # `min_rise` is a divergence then, whatever the gradient norm, and the CUSUM sums
+        # nothing. A shift that stays `baseline_level_window` steps is the new level: the
+        # baseline is built afresh from it (else any later excursion would count the
+        # shift as a climb).
+        jumped = self._jump - baseline >= cfg.noise_z * se
+        shifted = jumped and level <= self._jump + healthy
+        self._shifted_for = self._shifted_for + 1 if shifted else 0
+        if self._shifted_for >= cfg.baseline_level_window:
+            self._rebase()
+            return alerts
         need = max(
-            math.log1p(cfg.min_rise_with_grad if corroborated else cfg.min_rise), cfg.noise_z * se
+            math.log1p(cfg.min_rise_with_grad if corroborated and not shifted else cfg.min_rise),
+            cfg.noise_z * se,
         )
         recovering = level < self._peak - max(cfg.recover_fraction * rise, healthy)
         # ... or the last few losses fell clearly below their recent high: the level,
@@ -489,6 +516,8 @@ class DivergenceDetector:
         cusum = self._climbing(baseline, sigma, rise, se)
         ramp = self._ramping(baseline, sigma)  # both sums move every step
         ramp &= rise > math.log1p(cfg.resolve_rise)  # else it would resolve at once
+        if shifted:
+            self._cusum, cusum = 0.0, False
         climbing = (cusum or ramp) and not (recovering or explained)
         if self._streak >= cfg.confirm_steps or climbing:
             self._alert = self._diverging(s, onset, level, growth)

@@ -93,14 +93,14 @@ def _diverging_steps(
     seed: int, shift: float, grad_growth: float, grad_noise: float, **settings
 ) -> list[int]:
     """Steps of loss_diverging alerts on a loss at 3 with 1% noise whose level moves up by
-    `shift` (a ratio - 1) from step 500, linearly over 400 steps or at once (`grad_growth`
-    0: a benign data-order shift), the gradient norm growing by `grad_growth` (a ratio)
-    over the same 400 steps, with `grad_noise` (log-normal sigma)."""
+    `shift` (a ratio - 1) from step 500, linearly over 400 steps, the gradient norm growing
+    by `grad_growth` (a ratio; 0: not at all) over the same 400 steps, with `grad_noise`
+    (log-normal sigma)."""
     rng = random.Random(seed)
     detector = DivergenceDetector(DivergenceSettings(**settings))
     out = []
     for s in range(1000):
-        frac = min(1.0, max(0, s - 500) / 400) if grad_growth else float(s >= 500)
+        frac = min(1.0, max(0, s - 500) / 400)
         loss = 3.0 * math.exp(math.log1p(shift) * frac + rng.gauss(0, 0.01))
         grad = math.exp(math.log(grad_growth or 1.0) * frac + rng.gauss(0, grad_noise))
         alerts = detector.observe(StepView("r", s, float(s), loss, grad))
@@ -114,8 +114,8 @@ def test_gradient_growth_corroborates_only_when_it_stands_out_of_its_noise() -> 
         # about 5% (step ~607 without noise), not 10% (step ~709).
         (step,) = _diverging_steps(seed, 0.2, 2.0, 0.05)
         assert step < 650, step
-        # A benign +7% level shift; the gradient norm does not grow but is noisy (30% per
-        # step): its median's excursions must not pass for growth...
+        # A +7% creep, under the 10% a loss alone needs; the gradient norm does not grow
+        # but is noisy (30% per step): its median's excursions must not pass for growth...
         assert _diverging_steps(seed, 0.07, 0.0, 0.3) == []
         # ... as they do when growth need not stand out of the noise (grad_z 0).
         assert _diverging_steps(seed, 0.07, 0.0, 0.3, grad_z=0.0) != []
@@ -434,3 +434,30 @@ def test_a_wandering_flat_loss_is_judged_from_its_typical_level_not_its_lowest()
     for seed in range(3):
         (first, *_) = _diverging(_wandering(seed, 0.12, 0.05, climb_at=2000))
         assert 2000 < first <= 2150, first
+
+
+def _moved_at_500(seed: int, steps: int) -> list[int]:
+    """Steps of loss_diverging alerts on a loss at 3 with 1% noise that moves up 7% from
+    step 500 over `steps` steps (1: a jump, as at a data mixture's switch), its gradient
+    norm (5% noise) up 30% alongside, both staying up."""
+    rng, detector, out = random.Random(seed), DivergenceDetector(), []
+    for s in range(1500):
+        frac = min(1.0, max(0, s - 500) / steps)
+        loss = 3.0 * math.exp(math.log(1.07) * frac + rng.gauss(0, 0.01))
+        grad = math.exp(math.log(1.3) * frac + rng.gauss(0, 0.05))
+        out += [
+            s for a in detector.observe(StepView("r", s, float(s), loss, grad)) if not a.resolves
+        ]
+    return out
+
+
+def test_a_jump_that_rises_no_further_is_a_shift_not_a_divergence() -> None:
+    # A +7% jump with the gradient norm up 30% (a data mixture's switch on the blind
+    # curves): the gradient norm corroborated a 5% rise, and the CUSUM summed the 2% over
+    # its allowance, so it was flagged ~10 steps after the jump (12 such false alerts on
+    # blind seeds 0-9). It has not risen above where it jumped: only a 10% rise counts.
+    # The same move as a climb over 100 steps is still flagged before it is over.
+    for seed in range(4):
+        assert _moved_at_500(seed, 1) == []
+        (first,) = _moved_at_500(seed, 100)
+        assert 500 < first < 600, first
