@@ -264,7 +264,9 @@ class DivergenceDetector:
     reported) reaches `cusum_threshold`; or, for a climb still below that allowance, a
     second CUSUM (2% allowance) that sums only while a ramp from `B` explains the last
     `ramp_window` losses better than any single step up (a data-order shift) does
-    (see the settings). It resolves once `m` is back within `resolve_rise` of `B`.
+    (see the settings). A level that jumped at the onset and rises no further is a shift,
+    not a climb: it needs `min_rise`, and after `baseline_level_window` steps `B` is built
+    afresh from it. It resolves once `m` is back within `resolve_rise` of `B`.
     Warm restarts of the learning rate pause it; while it
     warms up to new peaks a rise needs the gradient norm's growth too (lr_schedule.py).
     The noise is the robust spread of step-to-step differences, as in the spike detector;
