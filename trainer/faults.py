@@ -38,7 +38,9 @@ supervisor's agents set it), whatever its global rank; once that node is fenced 
 meets it again, as with real faulty hardware.
 
 Every rank parses the same specs; rank 0 records each fault as an event (`fault:<kind>`)
-at its step, which is the ground truth detectors are scored against.
+at its step, which is the ground truth detectors are scored against. A crash or hang of
+one rank is recorded by that rank itself, just before it stops (rank 0 may be the one that
+stops, or be killed by torchrun first).
 
 A resumed run (`--resume` found a checkpoint) takes the same specs, since the same command
 line serves every restart: a crash or hang does not fire again there (else the job could
@@ -104,6 +106,11 @@ def parse_fault(spec: str) -> Fault:
 def _node(f: Fault) -> str:
     """The node a fault names ('': none; its rank is global)."""
     return str(f.params.get("node", ""))
+
+
+def _self_told(f: Fault) -> bool:
+    """A crash or hang of one global rank: that rank records it itself, as it stops."""
+    return f.kind in ("crash", "hang") and f.rank >= 0 and not _node(f)
 
 
 def _poisons(f: Fault, data_index: int) -> bool:
@@ -188,12 +195,14 @@ class FaultInjector:
         ]  # fmt: skip
 
     def record(self, monitor, step: int) -> None:
-        """Rank 0 writes the ground truth of every fault that starts at `step` (a crashing
-        or hanging rank writes its own too: crash_or_hang). A fault of a node rank 0 does
-        not know the global rank of is recorded with rank -1, the node in its detail."""
+        """Rank 0 writes the ground truth of every fault that starts at `step`, but for a
+        crash or hang of one rank, which that rank writes itself (crash_or_hang): two
+        senders of one key would send two times, and the store keeps the first. A fault of
+        a node rank 0 does not know the global rank of is recorded with rank -1, the node
+        in its detail."""
         if self.rank == 0:
             for f in self.faults:
-                if f.step == step and self._fires(f) and f.kind != "diverge":
+                if f.step == step and self._fires(f) and f.kind != "diverge" and not _self_told(f):
                     monitor.event(f"fault:{f.kind}", step, -1 if _node(f) else f.rank, _detail(f))
 
     def record_data(self, monitor, step: int, data_index: int) -> None:
@@ -317,7 +326,8 @@ class FaultInjector:
         """Crash or hang now, after the monitor has exported what it holds and this rank's
         own record of the fault (ground truth that must not depend on rank 0, which
         torchrun kills soon after): a real crash would lose it, a test harness should not.
-        The same event from rank 0 (record) is the same key: the store keeps one."""
+        Rank 0 leaves this one to the rank (record), but for a fault on every rank or on a
+        node, which it records as rank -1: another key."""
         hits = [f for f in self._mine("crash", step) + self._mine("hang", step) if self._fires(f)]
         if not hits:
             return

@@ -60,8 +60,8 @@ def test_resumed_run_continues_exactly_and_records_restart(tmp_path: Path) -> No
     for step in range(8, 12):  # the same weights, optimizer moments, LR and data
         assert abs(got[step] - want[step]) <= 1e-5 * abs(want[step]), (step, got, want)
     assert ("restart", 8) in events
-    # Rank 0 wrote the crash twice (its ground truth, then the crashing rank's own: one key,
-    # the store keeps one); the resumed attempt must not write it again.
+    # The crashing rank wrote its crash once, as it stopped; the resumed attempt must not
+    # write it again.
     assert ("fault:crash", 10) not in events[events.index(("restart", 8)) :]
     assert {("checkpoint", 3), ("checkpoint", 7), ("checkpoint", 11)} <= set(events)
 

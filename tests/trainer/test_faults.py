@@ -101,6 +101,8 @@ def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
         "straggler:rank=1,step=3,slowdown=0.2",
         "nan:step=5",
         "sdc:rank=1,step=6,mode=bitflip",
+        "crash:rank=1,step=4",  # rank 1 records it itself as it stops (crash_or_hang)
+        "hang:node=node1,rank=0,step=7",  # a node's: rank 0 does not know its global rank
     ]
     monitor = Recorder()
     for rank in (0, 1):  # only rank 0 writes ground truth
@@ -112,6 +114,7 @@ def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
         ("fault:straggler", 3, 1, {"slowdown": 0.2, "how": "busy", "until": 0, "ramp": 0}),
         ("fault:nan", 5, -1, {}),
         ("fault:sdc", 6, 1, {"mode": "bitflip"}),  # no "fraction": a bit flip has none
+        ("fault:hang", 7, -1, {"node": "node1", "local_rank": 0}),
     ]
 
 
@@ -137,7 +140,8 @@ def test_a_crash_flushes_the_monitor_first_and_fires_only_before_a_resume(monkey
     fresh = FaultInjector(["crash:rank=0,step=4"], rank=0, world_size=1)
     fresh.record(monitor, 4)
     fresh.crash_or_hang(4, monitor)
-    assert exits == [17] and monitor.flushed == 1 and monitor.events[0][:2] == ("fault:crash", 4)
+    assert exits == [17] and monitor.flushed == 1
+    assert [e[:3] for e in monitor.events] == [("fault:crash", 4, 0)]  # once: one key, one time
 
     # The same command line restarted from a checkpoint at step 3: the crash happened already.
     monitor, exits[:] = _Recorder(), []
