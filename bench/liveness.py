@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import httpx
 from ingest import Collector
 
-from trainvitals.trainer.launch import torchrun_command
+from trainvitals.trainer.launch import kill_job, torchrun_command
 
 TARGET_S = {"crash": 30.0, "hang": 60.0}
 ALERT = {"crash": "rank_lost", "hang": "hang"}
@@ -63,7 +62,7 @@ def scenario(collector: Collector, fault: str, rank: int, args) -> tuple[float, 
                 alert, seen_s = found[0], time.time()
     finally:
         if trainer.poll() is None:
-            os.killpg(trainer.pid, signal.SIGKILL)
+            kill_job(trainer)  # its ranks too: each in a session of its own
         trainer.wait(60)
     truth = [e for e in get(f"{base}/events") if e["kind"] == f"fault:{fault}"]
     if alert is None or not truth:

@@ -40,7 +40,7 @@ from detect import BUSY_PER_CORE, busy_machine  # bench/, run as a script
 from ingest import Collector
 from liveness import get
 
-from trainvitals.trainer.launch import torchrun_command
+from trainvitals.trainer.launch import kill_job, torchrun_command
 
 RANKS = 4
 
@@ -125,7 +125,7 @@ def run(collector: Collector, name: str, s: Scenario, args) -> tuple[bool, list[
             if trainer.poll() is not None or (hung and any(k[0] == "hang" for k in seen)):
                 break
         if trainer.poll() is None:
-            os.killpg(trainer.pid, 9)
+            kill_job(trainer)  # its ranks too: each in a session of its own
         trainer.wait(60)
         time.sleep(3)  # the last steps' analysis (1 s behind the writer)
         for a in get(f"{base}/alerts"):

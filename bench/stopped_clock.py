@@ -25,9 +25,7 @@ off. Last line: the headline.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,7 +46,7 @@ from external_faults import (  # bench/, run as a script
 
 from trainvitals.hooks.stopped import StoppedClock
 from trainvitals.schema import to_arrow
-from trainvitals.trainer.launch import torchrun_command
+from trainvitals.trainer.launch import kill_job, torchrun_command
 
 RANKS, STOPPED_RANK, WARMUP_STEPS = 4, 1, 20
 
@@ -74,8 +72,7 @@ def train(
         stop.set()
         if thread is not None:
             thread.join()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
+        kill_job(job)  # its ranks too: each in a session of its own
 
 
 def wait_rank_pid(root: int, rank: int, timeout_s: float = 120) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainvitals.trainer.faults import NODE_ENV
+from trainvitals.trainer.launch import descendants, kill_processes, started_ticks
 
 
 class JobError(ValueError):
@@ -138,7 +139,12 @@ class Agents:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM each agent's process group (torchrun passes it on to its ranks), then
-        SIGKILL what is left after `timeout_s`."""
+        SIGKILL what is left after `timeout_s`, the ranks included: torchrun starts each in
+        a session of its own, where the agent's group does not reach, and a rank stuck in a
+        collective does not run its SIGTERM handler. Left alive, it would hold its devices
+        and ports against the relaunch."""
+        ranks = [(pid, started_ticks(pid)) for p in self.procs if p.poll() is None
+                 for pid in descendants(p.pid)]  # fmt: skip
         for p in self.procs:
             if p.poll() is None:
                 _signal_group(p, signal.SIGTERM)
@@ -148,7 +154,7 @@ class Agents:
             except subprocess.TimeoutExpired:
                 _signal_group(p, signal.SIGKILL)
                 p.wait(timeout_s)
-            _signal_group(p, signal.SIGKILL)  # ranks the agent left behind, if any
+        kill_processes(ranks)  # those that outlived their agent
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:

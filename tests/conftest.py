@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from trainvitals.trainer import launch
 from trainvitals.trainer.launch import torchrun_command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,33 +76,10 @@ def wait_until(predicate, timeout_s: float = 60.0, interval_s: float = 0.1):
     pytest.fail(f"condition not met within {limit_s} s")
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid`, read from /proc (torchrun starts each worker in a
-    session of its own, so killing torchrun's process group leaves its workers behind)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue  # /proc/self, /proc/meminfo...
-        try:
-            stat = (entry / "stat").read_text()
-        except (OSError, ValueError):
-            continue  # not a process, or it ended meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def kill_job(proc: subprocess.Popen, timeout_s: float = 30) -> None:
     """Kill a launched job and every process it started, workers in sessions of their own
     included, and reap it."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    launch.kill_job(proc)
     proc.wait(patience_s(timeout_s))
 
 

@@ -12,8 +12,8 @@ import duckdb
 import httpx
 import pytest
 
-from tests.conftest import CollectorProcess, descendants, kill_job, patience_s, wait_until
-from trainvitals.trainer.launch import torchrun_command
+from tests.conftest import CollectorProcess, kill_job, patience_s, wait_until
+from trainvitals.trainer.launch import descendants, torchrun_command
 
 # Starts processes (torchrun, a collector, a browser...) or runs for seconds: `make test` only.
 pytestmark = pytest.mark.slow

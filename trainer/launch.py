@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,55 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
         "trainvitals.trainer.train",
         *train_args,
     ]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, read from /proc. torchrun starts each worker in a
+    session of its own, so signalling its process group leaves the workers behind, and a
+    worker whose agent is gone is no longer below it: look before the agent ends."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue  # /proc/self, /proc/meminfo...
+        fields = _stat_fields(int(entry.name))
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def started_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot), None if there is none: with
+    the pid, what tells a process from a later one that reuses its pid."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after "pid (comm)": state, ppid, ...; [] if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return []  # not a process, or it ended meanwhile
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def kill_processes(processes: list[tuple[int, int | None]]) -> None:
+    """SIGKILL each (pid, started_ticks) that is still that process."""
+    for pid, started in processes:
+        if started is not None and started_ticks(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL a launched job and every process below it, workers in sessions of their
+    own included (the caller reaps `proc`)."""
+    kill_processes([(pid, started_ticks(pid)) for pid in [proc.pid, *descendants(proc.pid)]])
 
 
 def run(cfg: TrainConfig, nproc: int, train_args: list[str]) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.conftest import descendants, kill_job, patience_s, run_trainer, wait_until
+from tests.conftest import kill_job, patience_s, run_trainer, wait_until
 from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.straggler import (
     StragglerDetector,
@@ -29,7 +29,7 @@ from trainvitals.analyzer.straggler import (
 from trainvitals.analyzer.views import COLLECTIVE_TIMES, RankView, StepView
 from trainvitals.schema import to_arrow
 from trainvitals.simulate import splice_slowdown
-from trainvitals.trainer.launch import torchrun_command
+from trainvitals.trainer.launch import descendants, torchrun_command
 
 COMPUTE_S = 0.1
 DATA = Path(__file__).parent / "data"
