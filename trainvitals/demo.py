@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from trainvitals.trainer.launch import descendants, kill_processes, started_ticks
+
 
 def _spawn(argv: list[str], log_path: Path | None = None) -> subprocess.Popen:
     # A session of its own: the terminal's Ctrl-C reaches only us, and we stop children in order.
@@ -29,14 +31,18 @@ def _spawn(argv: list[str], log_path: Path | None = None) -> subprocess.Popen:
 
 
 def _stop(proc: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout_s`; and SIGKILL for what it started that
+    outlived it (torchrun's ranks, each in a session of its own, out of its group)."""
     if proc is None or proc.poll() is not None:
         return
+    below = [(pid, started_ticks(pid)) for pid in descendants(proc.pid)]
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    kill_processes(below)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
