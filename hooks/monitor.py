@@ -373,6 +373,7 @@ class NullMonitor:
     """Monitoring off, behind the Monitor's interface: every call returns at once."""
 
     canary = None
+    telemetry_dropped = 0
 
     def __init__(self, run_id: str = "") -> None:
         self.run_id = run_id or "unmonitored"
@@ -387,16 +388,16 @@ class NullMonitor:
         _check_pause(phase)
         return contextlib.nullcontext()
 
-
-def _check_pause(phase: str) -> None:
-    if phase not in PAUSES:
-        raise ValueError(f"pause phase must be one of {list(PAUSES)}, got {phase!r}")
-
     def flush(self, timeout_s: float = 10.0) -> bool:
         return True
 
     def close(self, timeout_s: float = 30.0) -> None:
         pass
+
+
+def _check_pause(phase: str) -> None:
+    if phase not in PAUSES:
+        raise ValueError(f"pause phase must be one of {list(PAUSES)}, got {phase!r}")
 
 
 # What meters collect for StepReducer.reduce's keyword inputs rather than the rank slot.

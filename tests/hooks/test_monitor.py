@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
-from trainvitals.hooks import InMemoryExporter, attach
+from trainvitals.hooks import InMemoryExporter, Monitor, NullMonitor, attach
 from trainvitals.hooks.activations import split_by_stream
 from trainvitals.trainer.model import PRESETS, Transformer
 
@@ -372,3 +372,16 @@ def test_the_returned_output_and_wrappers_are_read_in_stream_order() -> None:
     # A returned wrapper is unwrapped first (AsyncCollectiveTensor: waited on) and compared.
     inline, _ = split_by_stream([(0, block), (2, head)], AsyncCollectiveTensor(head))
     assert [e[0] for e in inline] == [2]
+
+
+def test_the_null_monitor_answers_everything_the_monitor_does() -> None:
+    # Monitoring off (`trainvitals train --hooks off`, the supervisor's re-run of a step)
+    # goes through the same loop: a method the null monitor lacks is a crash there.
+    def public(cls: type) -> set[str]:
+        return {name for name in dir(cls) if not name.startswith("_")}
+
+    assert public(Monitor) <= public(NullMonitor), public(Monitor) - public(NullMonitor)
+    monitor = NullMonitor("r")
+    assert monitor.flush() is True and monitor.close() is None
+    with pytest.raises(ValueError, match="pause phase must be one of"):
+        monitor.pause("nap")

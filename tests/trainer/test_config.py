@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -71,3 +74,14 @@ def test_checkpoint_meta_names_what_the_shards_depend_on() -> None:
     """Not dp and tp: DCP reshards onto another mesh."""
     meta = TrainConfig(dp=2, seq_len=32).checkpoint_meta()
     assert meta == {"preset": "tiny", "model": PRESETS["tiny"].to_dict(), "seq_len": 32}
+
+
+def test_a_run_with_monitoring_off_trains_and_ends_cleanly(tmp_path) -> None:
+    # `--hooks off` is how the supervisor re-runs a step: it must end with exit status 0.
+    r = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "train", "--hooks", "off", "--steps", "3",
+         "--run-id", "hooks-off"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
