@@ -82,6 +82,11 @@ class LivenessSettings:
     # typical step time is trusted, and how many recent ones its median covers.
     min_history: int = 5
     window: int = 50
+    # ... or fewer (two at least), once they have shown this many steps completed: a fast
+    # job whose ranks finish 50 steps between two heartbeats knows its step time after two
+    # of them. A 2-rank CPU run of the reference trainer that hung at step 150, 6 s after
+    # its first step, had three: its hang waited first_step_s (600 s), not 30 s.
+    min_history_steps: int = 20
     # A run with every rank silent or ended this long is forgotten (bounded memory).
     forget_s: float = 3600.0
 
@@ -93,7 +98,7 @@ class LivenessSettings:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"liveness.{name} must be a finite number > 0, got {value!r}")
-        for name in ("min_history", "window"):
+        for name in ("min_history", "window", "min_history_steps"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"liveness.{name} must be a whole number >= 1, got {value!r}")
@@ -127,6 +132,7 @@ class _Run:
     # When a rank was last heard leaving a declared pause: the hang clock starts again there.
     pause_left_s: float = -math.inf
     per_step_s: deque = field(default_factory=deque)  # recent seconds per completed step
+    observed_steps: int = 0  # steps completed over the progress observations made
     ended: bool = False
     stopped: bool = False  # ended by the supervisor: only a new process resumes it
     # A new process (a relaunch, a restart) has not completed a step yet: its start-up
@@ -323,6 +329,7 @@ class Watchdog:
         fresh = run.hang is None and run.lost is None and not run.starting
         if fresh and run.progress_step >= 0:
             run.per_step_s.append((t - run.progress_s) / (step - run.progress_step))
+            run.observed_steps += step - run.progress_step
         run.progress_step, run.progress_s, run.starting = step, t, False
         why = f"step {step} completed: progress resumed"
         out = [_resolve(run, e, step + 1, t, why) for e in (run.hang, run.lost) if e]
@@ -344,9 +351,16 @@ class Watchdog:
 
     # ------------------------------------------------------------------ deadlines
 
+    def _knows_step_time(self, run: _Run) -> bool:
+        """Whether the run's progress observations are enough to trust its typical step
+        time: min_history of them, or two and more that saw min_history_steps steps."""
+        seen = len(run.per_step_s)
+        s = self.settings
+        return seen >= s.min_history or (seen >= 2 and run.observed_steps >= s.min_history_steps)
+
     def hang_threshold_s(self, run: _Run) -> float:
         s = self.settings
-        if run.starting or len(run.per_step_s) < s.min_history:
+        if run.starting or not self._knows_step_time(run):
             return s.first_step_s
         return max(s.hang_intervals * statistics.median(run.per_step_s), s.hang_floor_s)
 
@@ -478,7 +492,7 @@ class Watchdog:
             typical = f"a declared {' and '.join(paused)} pause, at most {threshold_s:g} s"
         elif run.starting:
             typical = f"{threshold_s:g} s for a new process's first step"
-        elif len(run.per_step_s) < self.settings.min_history:
+        elif not self._knows_step_time(run):
             typical = f"{threshold_s:g} s before the typical step time is known"
         else:
             typical = (
@@ -530,8 +544,8 @@ def _attribute(ranks: dict[int, _Rank]) -> tuple[list[int], str]:
     free = sorted(k for k, r in ranks.items() if r.phase != "collective")
     if free and len(free) < len(ranks):
         return free, (
-            f"{_names(ranks, free)} not waiting in a collective while the other "
-            f"{len(ranks) - len(free)} rank(s) are: they wait for {_them(free)}"
+            f"{_names(ranks, free)} not entered the collective the other "
+            f"{len(ranks) - len(free)} rank(s) wait in: they wait for {_them(free)}"
         )
     phases = Counter(r.phase for r in ranks.values())
     if not free:

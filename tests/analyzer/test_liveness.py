@@ -159,7 +159,7 @@ def test_a_hang_names_the_rank_outside_the_collective() -> None:
 
     (hang,) = feed(heartbeats(state, 4, 90), 1.0, 90)
     assert (hang.kind, hang.rank) == ("hang", 1)
-    assert "not waiting in a collective" in hang.message
+    assert "has not entered the collective the other 3 rank(s) wait in" in hang.message
 
 
 def test_a_whole_job_pause_names_nobody_and_says_the_phase() -> None:
@@ -363,6 +363,21 @@ def test_the_typical_step_time_sets_the_hang_threshold() -> None:
     assert hang.baseline == pytest.approx(50 * STEP_S, rel=0.2)
 
 
+def test_a_fast_job_that_hangs_seconds_after_its_first_step_gets_a_steps_threshold() -> None:
+    # 20 steps between two heartbeats of a rank: the few progress observations made by the
+    # hang at 5 s (fewer than min_history=10 here) saw more than 20 steps, so the step time
+    # is known and the hang is named at the 30 s floor, not after first_step_s (600 s).
+    # Asked to see 1,000 steps first, it waits for 600 s.
+    def state(rank: int, t: float):
+        return running(rank, t) if t < 5 else (50, 49, "collective" if rank else "forward")
+
+    (hang,) = feed(heartbeats(state, 2, 120), 1.0, 120, min_history=10)
+    assert hang.rank == 0 and 30 <= hang.value <= 32 and hang.baseline == 30
+    assert "10x the typical step time of" in hang.message
+    beats = heartbeats(state, 2, 120)
+    assert feed(beats, 1.0, 120, min_history=10, min_history_steps=1000) == []
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -371,6 +386,7 @@ def test_the_typical_step_time_sets_the_hang_threshold() -> None:
         ("pause_s", -1),
         ("window", 0),
         ("min_history", 1.5),
+        ("min_history_steps", 0),
     ],
 )
 def test_bad_settings_are_refused_by_name(field: str, value: float) -> None:
