@@ -633,8 +633,9 @@ class DivergenceDetector:
         message = (
             f"loss diverging since step {start}: its level (median of the last "
             f"{len(self._level)} logged losses) rose to {math.exp(level):.4g} at step {s.step}, "
-            f"{math.exp(level - onset.baseline):.2f}x its baseline {base:.4g} (frozen at the "
-            f"last healthy level, step {onset.step}), and is not coming back down; {grad}. "
+            f"{math.exp(level - onset.baseline):.2f}x its baseline {base:.4g} (frozen at step "
+            f"{onset.step}, the last at which the level, a median that lags the losses, was "
+            f"healthy), and is not coming back down; {grad}. "
             f"{self._rollback(start)} Data: "
             + data_query(s.run_id, "steps", None, start - self.settings.level_window, s.step)
         )
