@@ -282,10 +282,21 @@ def clean_every10(seed: int, tp: int = 2) -> RealRun:
     return RealRun(steps=LONG_STEPS, extra=("--seed", str(seed), "--log-every", "10"), tp=tp)
 
 
-# The machine's load while a loaded run trains: BUSY_PER_CORE busy processes per core
-# (`python -c "while True: pass"`), started before the run and killed after it. 4 per core
-# is the issue's "load of 4x its cores".
+# The machine's load while a loaded run trains: BUSY_PER_CORE busy processes per core,
+# started before the run and killed after it. 4 per core is the issue's "load of 4x its
+# cores". What each runs (`--load`): "spin", a pure-Python loop (the scheduler's load
+# alone, the shape the straggler detector was tuned beside); "torch", another user's
+# training job: single-threaded 768x768 matmuls and 64 MB copies, which also take the
+# caches and the memory bandwidth the ranks use.
 BUSY_PER_CORE = 4
+NEIGHBOURS = {
+    "spin": "while True: pass",
+    "torch": (
+        "import torch\ntorch.set_num_threads(1)\na = torch.randn(768, 768)\n"
+        "src = torch.randn(16 * 2**20)\ndst = torch.empty_like(src)\n"
+        "while True:\n    a @ a\n    dst.copy_(src)"
+    ),
+}
 LONG_STEPS = 1000  # clean loaded runs: a false straggler must not appear in 1,000 steps
 REAL_RUNS = {
     "straggler40-sdc": RealRun(("straggler:rank=1,step=15,slowdown=0.4", "sdc:rank=2,step=30")),
@@ -323,12 +334,16 @@ REAL_RUNS = {
 
 
 @contextmanager
-def busy_machine(loaded: bool) -> Iterator[None]:
-    """BUSY_PER_CORE busy processes per core while the block runs (none if not loaded)."""
+def busy_machine(loaded: bool, load: str = "spin") -> Iterator[None]:
+    """BUSY_PER_CORE busy processes per core, each running NEIGHBOURS[load], while the
+    block runs (none if not loaded)."""
     procs = []
     if loaded:
-        spin = [sys.executable, "-c", "while True: pass"]
-        procs = [subprocess.Popen(spin) for _ in range(BUSY_PER_CORE * (os.cpu_count() or 1))]
+        busy = [sys.executable, "-c", NEIGHBOURS[load]]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [
+            subprocess.Popen(busy, env=env) for _ in range(BUSY_PER_CORE * (os.cpu_count() or 1))
+        ]
     try:
         yield
     finally:
@@ -338,7 +353,7 @@ def busy_machine(loaded: bool) -> Iterator[None]:
             p.wait()
 
 
-def train(name: str, run: RealRun, path: Path) -> str:
+def train(name: str, run: RealRun, path: Path, load: str = "spin") -> str:
     """Run the trainer into the telemetry file `path`; a note on the machine's load."""
     # CPU and gloo on any machine: the figures are CPU runs' (a GPU would be picked by "auto").
     flags = [*run.layout, "--device", "cpu", "--steps", str(run.steps), "--canary-every",
@@ -347,7 +362,7 @@ def train(name: str, run: RealRun, path: Path) -> str:
         flags += ["--inject", spec]
     print(f"  training {name} ({run.steps} steps) ...", file=sys.stderr, flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with busy_machine(run.loaded):
+    with busy_machine(run.loaded, load):
         started = time.monotonic()
         proc = subprocess.run(
             torchrun_command(run.nproc, flags), capture_output=True, text=True, env=env,
@@ -390,7 +405,7 @@ def real_scenarios(args: argparse.Namespace) -> list[Scenario]:
         # Another length is another run: never reuse a file of the default length for it.
         stem = name if args.real_steps is None else f"{name}-{run.steps}"
         path = out_dir / f"{stem}.jsonl"
-        note = train(name, run, path) if not path.exists() else f"reused {path}"
+        note = train(name, run, path, args.load) if not path.exists() else f"reused {path}"
         analyzer = Analyzer(config=args.config)
         alerts, events, signals, anonymous = [], [], set(), set()
         for line in path.read_bytes().splitlines():
@@ -647,6 +662,11 @@ def main() -> None:
     )
     p.add_argument("--real-steps", type=int, help="steps of each real run (default: its own)")
     p.add_argument(
+        "--load", choices=sorted(NEIGHBOURS), default="spin",
+        help="what the busy processes of a loaded run do (default spin: a Python loop; "
+        "torch: matmuls and memory copies, as another training job)",
+    )  # fmt: skip
+    p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
         help="a detector setting other than its default (repeatable), to try one",
     )  # fmt: skip
@@ -678,8 +698,7 @@ def main() -> None:
                  lines)  # fmt: skip
     loaded = report(
         f"real 4-rank trainer runs (dp=2 x tp=2, or dp=4 where named, CPU), {BUSY_PER_CORE} "
-        "busy processes per core "
-        "started by the bench",
+        f"busy processes per core ({args.load}) started by the bench",
         [s for s in reals if s.source == "real-loaded"],
         lines,
     )
