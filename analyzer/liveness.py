@@ -24,7 +24,9 @@ Who is named:
 - hang: the ranks the others wait for: those that have not begun the step the others are in,
   else those not waiting in a collective while the others are; else the whole job paused,
   and in which phase. When those ranks are all in a pause the loop declared (a checkpoint
-  save, an evaluation: `monitor.pause`), the threshold is `pause_s`, not a step's.
+  save, an evaluation: `monitor.pause`), the threshold is that phase's: `pause_intervals`
+  times the longest pause of that phase the run came back from (at least `pause_floor_s`),
+  and `pause_s` before the run has come back from one.
 Both resolve when a step completes again. A run that ends (a heartbeat with phase "ended",
 which Monitor.close sends, or a `run_end` event) never alarms. Nor does a job the supervisor
 stops (an `action:stop` event, before it stops the ranks): the ranks heard before a run's
@@ -75,6 +77,13 @@ class LivenessSettings:
     # may last before it is a hang, when the ranks the job waits for are all in one: a
     # large model's synchronous save or an evaluation takes minutes, not 10 steps.
     pause_s: float = 1800.0
+    # ... and once the run has come back from a pause of that phase, this many times the
+    # longest such (at least pause_floor_s, at most pause_s): a job whose saves take 2 min
+    # is not left hung in one for 30 min. A run's saves (or evaluations) repeat the same
+    # work; an evaluation far longer than the earlier ones (a rare full benchmark after
+    # quick validation losses) is called a hang once, and the alert says why.
+    pause_intervals: float = 3.0
+    pause_floor_s: float = 300.0
     # Before the typical step time is known (start-up: compilation, the first collectives,
     # a checkpoint load), a hang is this long without a completed step.
     first_step_s: float = 600.0
@@ -92,7 +101,8 @@ class LivenessSettings:
 
     def __post_init__(self) -> None:
         positive = (
-            "silence_s", "hang_intervals", "hang_floor_s", "pause_s", "first_step_s", "forget_s"
+            "silence_s", "hang_intervals", "hang_floor_s", "pause_s", "pause_intervals",
+            "pause_floor_s", "first_step_s", "forget_s",
         )  # fmt: skip
         for name in positive:
             value = getattr(self, name)
@@ -131,6 +141,10 @@ class _Run:
     progress_s: float = math.nan  # when that was first heard (NaN: no progress yet)
     # When a rank was last heard leaving a declared pause: the hang clock starts again there.
     pause_left_s: float = -math.inf
+    # When the current pause of each declared phase was first heard, and the longest pause
+    # of each phase the run came back from without a hang open (seconds of heartbeats).
+    pause_began_s: dict[str, float] = field(default_factory=dict)
+    longest_pause_s: dict[str, float] = field(default_factory=dict)
     per_step_s: deque = field(default_factory=deque)  # recent seconds per completed step
     observed_steps: int = 0  # steps completed over the progress observations made
     ended: bool = False
@@ -201,6 +215,10 @@ class Watchdog:
         run = self._runs[run_id] = self._fresh(rows[0][0], [])
         for received_s, *item in rows:
             self._heard(run_id, run, received_s, *item)  # deadlines are judged below
+        # Not every heartbeat is kept for a restart: when a pause began is not known, nor
+        # how long the earlier ones lasted; pause_s again until the next of each phase.
+        run.pause_began_s.clear()
+        run.longest_pause_s.clear()
         last_s = rows[-1][0]
         run.deadlines.clear()
         for rank, r in run.ranks.items():
@@ -290,8 +308,7 @@ class Watchdog:
     ) -> list[Alert]:
         old = run.ranks.get(rank)
         run.ranks[rank] = _Rank(host, t, started, finished, phase)
-        if old is not None and old.phase in PAUSES and phase not in PAUSES:
-            run.pause_left_s = t  # the time in a declared pause is not the hang's
+        self._pause_heard(run, old.phase if old else None, phase, t)
         heapq.heappush(run.deadlines, (t + self.settings.silence_s, rank, t))
         if math.isnan(run.progress_s):
             run.progress_s = t  # the hang clock starts when the run is first heard
@@ -324,6 +341,40 @@ class Watchdog:
             return self._progress(run, t, finished)
         return []
 
+    def _pause_heard(self, run: _Run, was: str | None, phase: str, t: float) -> None:
+        """A rank's phase went from `was` to `phase`: a declared pause begins, or ends and
+        its length is learned (from the first rank heard in it to the first heard out)."""
+        if was == phase:
+            return
+        if was in PAUSES:
+            if phase not in PAUSES:
+                run.pause_left_s = t  # the time in a declared pause is not the hang's
+            began = run.pause_began_s.pop(was, None)
+            back_to_work = phase not in ("exited", "ended", "idle")
+            if began is not None and back_to_work and run.hang is None:
+                run.longest_pause_s[was] = max(run.longest_pause_s.get(was, 0.0), t - began)
+        if phase in PAUSES:
+            run.pause_began_s.setdefault(phase, t)
+
+    def pause_threshold_s(self, run: _Run, paused: tuple[str, ...]) -> tuple[float, str]:
+        """Seconds a job may stay in the declared pause(s) `paused` before it is a hang,
+        and why (for the message): the phase allowed the longest sets it."""
+        s = self.settings
+        out = (0.0, "")
+        for phase in paused:
+            longest = run.longest_pause_s.get(phase)
+            if longest is None:
+                limit = (s.pause_s, f"a declared {phase} pause, at most {s.pause_s:g} s")
+            else:
+                learned = min(s.pause_s, max(s.pause_intervals * longest, s.pause_floor_s))
+                limit = (learned, (
+                    f"a declared {phase} pause, {s.pause_intervals:g}x the longest this run "
+                    f"came back from ({longest:.0f} s), at least {s.pause_floor_s:g} s and at "
+                    f"most {s.pause_s:g} s"
+                ))  # fmt: skip
+            out = max(out, limit)
+        return out
+
     def _progress(self, run: _Run, t: float, step: int) -> list[Alert]:
         """A step completed: the typical step time learns from it; open episodes end."""
         fresh = run.hang is None and run.lost is None and not run.starting
@@ -331,6 +382,7 @@ class Watchdog:
             run.per_step_s.append((t - run.progress_s) / (step - run.progress_step))
             run.observed_steps += step - run.progress_step
         run.progress_step, run.progress_s, run.starting = step, t, False
+        run.pause_began_s.clear()  # a pause between steps is over once a step completes
         why = f"step {step} completed: progress resumed"
         out = [_resolve(run, e, step + 1, t, why) for e in (run.hang, run.lost) if e]
         run.hang = run.lost = None
@@ -381,7 +433,8 @@ class Watchdog:
                 if hang_at <= before_s:  # due: is the job in a declared pause? O(ranks)
                     paused = _declared_pause(run)
                     if paused:
-                        hang_at = max(hang_at, since_s + self.settings.pause_s)
+                        pause_s, _ = self.pause_threshold_s(run, paused)
+                        hang_at = max(hang_at, since_s + pause_s)
             at = min(silence[0] if silence else math.inf, hang_at)
             if at > before_s or (at == before_s and not inclusive):
                 break
@@ -487,9 +540,9 @@ class Watchdog:
         threshold_s = self.hang_threshold_s(run)
         named, why = _attribute({k: r for k, r in run.ranks.items() if not r.gone})
         waited = at - max(run.progress_s, run.pause_left_s)
-        if paused and self.settings.pause_s > threshold_s:
-            threshold_s = self.settings.pause_s
-            typical = f"a declared {' and '.join(paused)} pause, at most {threshold_s:g} s"
+        pause_s, pause_why = self.pause_threshold_s(run, paused)
+        if paused and pause_s > threshold_s:
+            threshold_s, typical = pause_s, pause_why
         elif run.starting:
             typical = f"{threshold_s:g} s for a new process's first step"
         elif not self._knows_step_time(run):

@@ -16,7 +16,11 @@ Scenarios and what is expected of them (the pause after step --pause-step, --pau
   could be declared, the reference trainer's own saves included;
 - declared_then_hang: a declared pause, then rank 1 hangs --hang-after steps later: a `hang`
   naming rank 1 within 60 s of the hang (the issue's target), the pause's time not counted
-  against it and not delaying it.
+  against it and not delaying it;
+- declared_then_hung_save: a declared save, then --hang-after steps later a second declared
+  save that never ends (a file system gone): one `hang` naming nobody, within
+  `liveness.pause_intervals` (3) times the first save's length, at least
+  `liveness.pause_floor_s` (300 s), of the second save's start, not after `pause_s` (30 min).
 With --load, BUSY_PER_CORE busy processes per core run beside every scenario. Each line
 says what was expected, what came and whether it matched; the alerts follow, indented. The
 headline is the last line.
@@ -50,6 +54,7 @@ class Scenario:
     faults: tuple[str, ...]
     expect: str
     judge: Callable[[list[dict], dict], bool]  # (alert rows, the run's fault events) -> met
+    hangs: bool = False  # ends in a hang: stop the job once it is named
 
 
 def _no_alert(alerts: list[dict], _events: dict) -> bool:
@@ -80,9 +85,26 @@ def _hang_of_rank_1(alerts: list[dict], events: dict) -> bool:
     )
 
 
+def _hung_save(within_s: float) -> Callable[[list[dict], dict], bool]:
+    def judge(alerts: list[dict], events: dict) -> bool:
+        opened = [a for a in alerts if a["severity"] != "resolved"]
+        began_s = events.get("fault:pause")  # the last pause's: the hung save
+        return (
+            [(a["kind"], a["rank"]) for a in opened] == [("hang", None)]
+            and "3x the longest this run came back from" in opened[0]["message"]
+            and began_s is not None
+            and opened[0]["seen_unix_s"] - began_s <= within_s
+        )
+
+    return judge
+
+
 def scenarios(args) -> dict[str, Scenario]:
     pause = f"pause:step={args.pause_step},seconds={args.pause_s:g}"
     hang = f"hang:rank=1,step={args.pause_step + args.hang_after}"
+    hung_save = f"pause:step={args.pause_step + args.hang_after},seconds=3600,phase=checkpoint"
+    # The watchdog's defaults (analyzer/liveness.py), and 30 s for heartbeats and polling.
+    within_s = max(3 * args.pause_s, 300.0) + 30.0
     return {
         "declared_checkpoint": Scenario((f"{pause},phase=checkpoint",), "no alert", _no_alert),
         "declared_eval": Scenario((f"{pause},phase=eval",), "no alert", _no_alert),
@@ -96,6 +118,14 @@ def scenarios(args) -> dict[str, Scenario]:
             f"one hang naming rank 1 within 60 s of its hang at step "
             f"{args.pause_step + args.hang_after}",
             _hang_of_rank_1,
+            hangs=True,
+        ),
+        "declared_then_hung_save": Scenario(
+            (f"{pause},phase=checkpoint", hung_save),
+            f"one hang naming nobody, the declared save 3x the first's length, within "
+            f"{within_s:g} s of the second save's start (not pause_s, 1800 s)",
+            _hung_save(within_s),
+            hangs=True,
         ),
     }
 
@@ -115,14 +145,13 @@ def run(collector: Collector, name: str, s: Scenario, args) -> tuple[bool, list[
             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + args.timeout_s
-        hung = any(f.startswith("hang:") for f in s.faults)
         while time.monotonic() < deadline:
             time.sleep(0.5)
             for a in get(f"{base}/alerts"):
                 seen.setdefault(
                     (a["kind"], a["step"], a["severity"]), {**a, "seen_unix_s": time.time()}
                 )
-            if trainer.poll() is not None or (hung and any(k[0] == "hang" for k in seen)):
+            if trainer.poll() is not None or (s.hangs and any(k[0] == "hang" for k in seen)):
                 break
         if trainer.poll() is None:
             kill_job(trainer)  # its ranks too: each in a session of its own
@@ -132,9 +161,10 @@ def run(collector: Collector, name: str, s: Scenario, args) -> tuple[bool, list[
             seen.setdefault(
                 (a["kind"], a["step"], a["severity"]), {**a, "seen_unix_s": time.time()}
             )
-    events = {
-        e["kind"]: e["time_unix_s"] for e in get(f"{base}/events") if e["kind"].startswith("fault:")
-    }
+    events: dict[str, float] = {}  # each fault kind's last time
+    for e in get(f"{base}/events"):
+        if e["kind"].startswith("fault:"):
+            events[e["kind"]] = max(events.get(e["kind"], 0.0), e["time_unix_s"])
     alerts = sorted(seen.values(), key=lambda a: a["seen_unix_s"])
     met = s.judge(alerts, events)
     pause_s = events.get("fault:pause")

@@ -3,6 +3,7 @@ the alert times depend on the heartbeats only (live ticks and one replay pass ag
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -211,6 +212,59 @@ def test_a_declared_pause_that_lasts_past_pause_s_is_a_hang_saying_so() -> None:
     assert "the whole job paused: all 4 ranks in eval (4)" in hang.message
 
 
+def saves(second_save_s: float, first_save_s: float = 60.0) -> State:
+    """Every rank trains, saves a checkpoint (declared) from 30 s for `first_save_s`, trains
+    100 s, then saves again from there for `second_save_s` (inf: the save hangs)."""
+    again_s = 30 + first_save_s + 100
+
+    def at(rank: int, t: float):
+        if t < 30:
+            return running(rank, t)
+        if t < 30 + first_save_s:
+            return 300, 299, "checkpoint"
+        if t < again_s:
+            return running(rank, t - first_save_s)
+        if t < again_s + second_save_s:
+            return 1300, 1299, "checkpoint"
+        return running(rank, t - first_save_s - second_save_s)
+
+    return at
+
+
+def test_a_save_far_longer_than_the_runs_earlier_ones_is_a_hang_before_pause_s() -> None:
+    # The first save took 60 s: a second that hangs is named after 3 x 60 s (the 300 s
+    # floor here is lowered to 100 s), not after pause_s (1800 s), and says why.
+    (hang,) = feed(heartbeats(saves(math.inf), 4, 600), 1.0, 600, pause_floor_s=100.0)
+    assert hang.rank is None and 174 <= hang.value <= 186 and 174 <= hang.baseline <= 186
+    assert "a declared checkpoint pause, 3x the longest this run came back from (" in (hang.message)
+    assert "the whole job paused: all 4 ranks in checkpoint (4)" in hang.message
+    # A second save as long as the first, or twice as long: no alert.
+    assert feed(heartbeats(saves(60.0), 4, 600), 1.0, 600, pause_floor_s=100.0) == []
+    assert feed(heartbeats(saves(120.0), 4, 600), 1.0, 600, pause_floor_s=100.0) == []
+
+
+def test_a_learned_pause_threshold_keeps_its_floor_and_its_ceiling() -> None:
+    # A 10 s first save: a hung second one waits for the floor (100 s), not 3 x 10 s; a
+    # 300 s first save: 3 x 300 s is over pause_s (600 s here), which caps it.
+    hang = feed(heartbeats(saves(math.inf, 10.0), 4, 600), 1.0, 600, pause_floor_s=100.0)
+    assert [round(a.baseline) for a in hang] == [100]
+    beats = heartbeats(saves(math.inf, 300.0), 4, 1500)
+    (hang,) = feed(beats, 1.0, 1500, pause_floor_s=100.0, pause_s=600.0)
+    assert hang.baseline == 600.0 and 600 <= hang.value <= 604
+
+
+def test_an_evaluation_learns_nothing_from_the_runs_saves() -> None:
+    # Saves of 60 s, then an evaluation that takes 400 s: a first pause of its phase gets
+    # pause_s, whatever the saves took.
+    def state(rank: int, t: float):
+        base = saves(60.0)(rank, t) if t < 190 else running(rank, t - 60)
+        if 190 <= t < 590:
+            return 1300, 1299, "eval"
+        return base if t < 590 else running(rank, t - 460)
+
+    assert feed(heartbeats(state, 4, 700), 1.0, 700, pause_floor_s=100.0) == []
+
+
 def test_a_pause_some_ranks_declared_while_the_others_wait_in_a_collective() -> None:
     # Rank 0 saves (declared); the others began step 300 and wait for it in a collective:
     # the job's pause. Others waiting in a barrier the loop did not declare: not a pause.
@@ -384,6 +438,8 @@ def test_a_fast_job_that_hangs_seconds_after_its_first_step_gets_a_steps_thresho
         ("silence_s", 0),
         ("hang_floor_s", float("nan")),
         ("pause_s", -1),
+        ("pause_intervals", 0),
+        ("pause_floor_s", math.nan),
         ("window", 0),
         ("min_history", 1.5),
         ("min_history_steps", 0),

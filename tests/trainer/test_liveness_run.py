@@ -1,6 +1,7 @@
 """Real 4-rank runs (torchrun, gloo) against a live collector: an injected crash raises one
 rank_lost naming the crashed rank, an injected hang raises a hang naming the hung rank, a
-pause declared as a checkpoint save raises nothing and the same pause undeclared a hang.
+pause declared as a checkpoint save raises nothing and the same pause undeclared a hang, and
+a save that hangs far longer than the run's earlier save is a hang before pause_s.
 
 The watchdog gets short thresholds so the tests take seconds; they assert on who is named,
 never on how fast (bench/liveness.py measures that)."""
@@ -28,8 +29,12 @@ pytestmark = pytest.mark.slow
 
 # Heartbeats every 2 s: silent for 3 of them is lost; 8 s without a step is a hang (the
 # tiny model's steps take well under a second here, even on a loaded machine).
-QUICK_FIELDS = ("silence_s", "hang_floor_s", "first_step_s", "min_history")
-QUICK = LivenessSettings(silence_s=6.0, hang_floor_s=8.0, first_step_s=30.0, min_history=3)
+# A declared pause is a hang after 3x the longest of its phase the run came back from, at
+# least 10 s.
+QUICK_FIELDS = ("silence_s", "hang_floor_s", "first_step_s", "min_history", "pause_floor_s")
+QUICK = LivenessSettings(
+    silence_s=6.0, hang_floor_s=8.0, first_step_s=30.0, min_history=3, pause_floor_s=10.0
+)
 RANKS = 4
 
 
@@ -141,3 +146,24 @@ def test_a_declared_pause_is_no_hang_and_an_undeclared_one_is(collector: Collect
     assert resolved["severity"] == "resolved"
     assert alerts(collector, "rank_lost") == []
     assert_replay_agrees(collector)  # the stored heartbeats say which pause was declared
+
+
+def test_a_save_far_longer_than_the_runs_earlier_one_is_a_hang(collector: Collector) -> None:
+    # Every rank saves (declared) for 6 s after step 60, and after step 120 for an hour: a
+    # hung save. Its threshold is 3x the first save's length as the heartbeats saw it (2 s
+    # apart), at least QUICK's 10 s, not pause_s (1800 s): within the wait below.
+    first, hung = (
+        f"pause:step={s},seconds={t},phase=checkpoint" for s, t in ((60, 6), (120, 3600))
+    )
+    trainer = start_trainer(collector.url, first, hung, steps=200)
+    try:
+        (hang,) = wait_until(lambda: alerts(collector, "hang"), timeout_s=300)
+        assert (hang["step"], hang["rank"]) == (121, None), hang
+        assert (
+            "a declared checkpoint pause, 3x the longest this run came back from"
+            in (hang["message"])
+        )
+        assert "the whole job paused: all 4 ranks in checkpoint (4)" in hang["message"], hang
+        assert_replay_agrees(collector)  # the stored heartbeats hold the first save's length
+    finally:
+        kill_job(trainer)
