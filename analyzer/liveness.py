@@ -308,7 +308,7 @@ class Watchdog:
     ) -> list[Alert]:
         old = run.ranks.get(rank)
         run.ranks[rank] = _Rank(host, t, started, finished, phase)
-        self._pause_heard(run, old.phase if old else None, phase, t)
+        self._pause_heard(run, old, phase, finished, t)
         heapq.heappush(run.deadlines, (t + self.settings.silence_s, rank, t))
         if math.isnan(run.progress_s):
             run.progress_s = t  # the hang clock starts when the run is first heard
@@ -341,19 +341,24 @@ class Watchdog:
             return self._progress(run, t, finished)
         return []
 
-    def _pause_heard(self, run: _Run, was: str | None, phase: str, t: float) -> None:
-        """A rank's phase went from `was` to `phase`: a declared pause begins, or ends and
-        its length is learned (from the first rank heard in it to the first heard out)."""
-        if was == phase:
-            return
-        if was in PAUSES:
+    def _pause_heard(
+        self, run: _Run, old: _Rank | None, phase: str, finished: int, t: float
+    ) -> None:
+        """A rank was heard in `phase` after `old`: a declared pause begins, or ends and its
+        length is learned (from the first rank heard in it to the first heard out). A rank
+        that finished steps since it was heard in a pause left it in between, even if it is
+        in another pause of the same phase again: a fast job's heartbeats, 2 s apart, may
+        never see it between two saves."""
+        was = old.phase if old is not None else None
+        left = was in PAUSES and (phase != was or finished > old.finished)
+        if left:
             if phase not in PAUSES:
                 run.pause_left_s = t  # the time in a declared pause is not the hang's
             began = run.pause_began_s.pop(was, None)
             back_to_work = phase not in ("exited", "ended", "idle")
             if began is not None and back_to_work and run.hang is None:
                 run.longest_pause_s[was] = max(run.longest_pause_s.get(was, 0.0), t - began)
-        if phase in PAUSES:
+        if phase in PAUSES and (left or was != phase):
             run.pause_began_s.setdefault(phase, t)
 
     def pause_threshold_s(self, run: _Run, paused: tuple[str, ...]) -> tuple[float, str]:
@@ -382,7 +387,6 @@ class Watchdog:
             run.per_step_s.append((t - run.progress_s) / (step - run.progress_step))
             run.observed_steps += step - run.progress_step
         run.progress_step, run.progress_s, run.starting = step, t, False
-        run.pause_began_s.clear()  # a pause between steps is over once a step completes
         why = f"step {step} completed: progress resumed"
         out = [_resolve(run, e, step + 1, t, why) for e in (run.hang, run.lost) if e]
         run.hang = run.lost = None

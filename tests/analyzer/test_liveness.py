@@ -212,10 +212,10 @@ def test_a_declared_pause_that_lasts_past_pause_s_is_a_hang_saying_so() -> None:
     assert "the whole job paused: all 4 ranks in eval (4)" in hang.message
 
 
-def saves(second_save_s: float, first_save_s: float = 60.0) -> State:
+def saves(second_save_s: float, first_save_s: float = 60.0, between_s: float = 100.0) -> State:
     """Every rank trains, saves a checkpoint (declared) from 30 s for `first_save_s`, trains
-    100 s, then saves again from there for `second_save_s` (inf: the save hangs)."""
-    again_s = 30 + first_save_s + 100
+    `between_s`, then saves again from there for `second_save_s` (inf: the save hangs)."""
+    again_s = 30 + first_save_s + between_s
 
     def at(rank: int, t: float):
         if t < 30:
@@ -241,6 +241,18 @@ def test_a_save_far_longer_than_the_runs_earlier_ones_is_a_hang_before_pause_s()
     # A second save as long as the first, or twice as long: no alert.
     assert feed(heartbeats(saves(60.0), 4, 600), 1.0, 600, pause_floor_s=100.0) == []
     assert feed(heartbeats(saves(120.0), 4, 600), 1.0, 600, pause_floor_s=100.0) == []
+
+
+def test_a_fast_job_between_two_saves_too_briefly_for_a_heartbeat_still_learns() -> None:
+    # A quarter of a second of training between the saves, between two heartbeats of every
+    # rank (2 s apart): they say "checkpoint" throughout, but the steps they finished moved
+    # on: the first save ended.
+    beats = heartbeats(saves(math.inf, first_save_s=60.95, between_s=0.25), 4, 600)
+    assert all(phase == "checkpoint" for t, _, (_, _, phase) in beats if 30 <= t < 400)
+    (hang,) = feed(beats, 1.0, 600, pause_floor_s=100.0)
+    assert 174 <= hang.baseline <= 186 and "3x the longest this run came back from" in (
+        hang.message
+    )
 
 
 def test_a_learned_pause_threshold_keeps_its_floor_and_its_ceiling() -> None:
