@@ -349,8 +349,8 @@ class Watchdog:
         that finished steps since it was heard in a pause left it in between, even if it is
         in another pause of the same phase again: a fast job's heartbeats, 2 s apart, may
         never see it between two saves."""
-        was = old.phase if old is not None else None
-        left = was in PAUSES and (phase != was or finished > old.finished)
+        was = old.phase if old is not None else ""
+        left = old is not None and was in PAUSES and (phase != was or finished > old.finished)
         if left:
             if phase not in PAUSES:
                 run.pause_left_s = t  # the time in a declared pause is not the hang's
