@@ -212,7 +212,8 @@ def _watchdog_metrics(watchdog: LiveWatchdog):
         "trainvitals_run_paused",
         "1 while the run's job is in a pause its training loop declared (monitor.pause: a "
         "checkpoint save, an evaluation), by phase; absent otherwise. TrainvitalsRunStalled "
-        "leaves such a run alone; the watchdog allows the pause liveness.pause_s.",
+        "leaves such a run alone; the watchdog allows the pause 3x the run's longest "
+        "earlier pause of that phase (at least 5 min, at most liveness.pause_s).",
         labels=["run_id", "phase"],
     )
     for run_id, phases in watchdog.declared_pauses().items():
