@@ -44,6 +44,7 @@ from detect import BUSY_PER_CORE, busy_machine  # bench/, run as a script
 from ingest import Collector
 from liveness import get
 
+from trainvitals.analyzer.liveness import LivenessSettings
 from trainvitals.trainer.launch import kill_job, torchrun_command
 
 RANKS = 4
@@ -103,8 +104,9 @@ def scenarios(args) -> dict[str, Scenario]:
     pause = f"pause:step={args.pause_step},seconds={args.pause_s:g}"
     hang = f"hang:rank=1,step={args.pause_step + args.hang_after}"
     hung_save = f"pause:step={args.pause_step + args.hang_after},seconds=3600,phase=checkpoint"
-    # The watchdog's defaults (analyzer/liveness.py), and 30 s for heartbeats and polling.
-    within_s = max(3 * args.pause_s, 300.0) + 30.0
+    # The collector's defaults, and 30 s for heartbeats and polling.
+    live = LivenessSettings()
+    within_s = max(live.pause_intervals * args.pause_s, live.pause_floor_s) + 30.0
     return {
         "declared_checkpoint": Scenario((f"{pause},phase=checkpoint",), "no alert", _no_alert),
         "declared_eval": Scenario((f"{pause},phase=eval",), "no alert", _no_alert),

@@ -8,9 +8,7 @@ ranks per node + local rank), which is how an alert's rank names its node.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainvitals.trainer.faults import NODE_ENV
-from trainvitals.trainer.launch import descendants, kill_processes, started_ticks
+from trainvitals.trainer.launch import stop_jobs
 
 
 class JobError(ValueError):
@@ -138,25 +136,6 @@ class Agents:
         return 0 if all(c == 0 for c in codes) else None
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM each agent's process group (torchrun passes it on to its ranks), then
-        SIGKILL what is left after `timeout_s`, the ranks included: torchrun starts each in
-        a session of its own, where the agent's group does not reach, and a rank stuck in a
-        collective does not run its SIGTERM handler. Left alive, it would hold its devices
-        and ports against the relaunch."""
-        ranks = [(pid, started_ticks(pid)) for p in self.procs if p.poll() is None
-                 for pid in descendants(p.pid)]  # fmt: skip
-        for p in self.procs:
-            if p.poll() is None:
-                _signal_group(p, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait(timeout_s)
-        kill_processes(ranks)  # those that outlived their agent
-
-
-def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the group is gone already
-        os.killpg(p.pid, sig)  # the agent's own session: its ranks, nothing else
+        """SIGTERM each agent (torchrun passes it on to its ranks), then SIGKILL what is
+        left after `timeout_s`, the ranks included (launch.stop_jobs)."""
+        stop_jobs(self.procs, timeout_s)

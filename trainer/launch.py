@@ -69,6 +69,30 @@ def kill_processes(processes: list[tuple[int, int | None]]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def stop_jobs(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """Stop jobs each started in a session of its own: SIGTERM each one's process group,
+    SIGKILL the group of one still running after `timeout_s`, then SIGKILL what they
+    started that outlived them. torchrun starts each rank in a session of its own, which
+    the group does not reach, and a rank stuck in a collective does not run its SIGTERM
+    handler: left alive, it would hold its devices and ports against a relaunch."""
+    running = [p for p in procs if p.poll() is None]
+    below = [(pid, started_ticks(pid)) for p in running for pid in descendants(p.pid)]
+    for p in running:
+        _signal_group(p, signal.SIGTERM)
+    for p in running:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(p, signal.SIGKILL)
+            p.wait(timeout_s)
+    kill_processes(below)
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(p.pid, sig)  # its own session: what it started, but not torchrun's ranks
+
+
 def kill_job(proc: subprocess.Popen) -> None:
     """SIGKILL a launched job and every process below it, workers in sessions of their
     own included (the caller reaps `proc`)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from trainvitals.trainer.launch import descendants, kill_processes, started_ticks
+from trainvitals.trainer.launch import stop_jobs
 
 
 def _spawn(argv: list[str], log_path: Path | None = None) -> subprocess.Popen:
@@ -28,21 +28,6 @@ def _spawn(argv: list[str], log_path: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         argv, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None
     )
-
-
-def _stop(proc: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
-    """SIGTERM, then SIGKILL after `timeout_s`; and SIGKILL for what it started that
-    outlived it (torchrun's ranks, each in a session of its own, out of its group)."""
-    if proc is None or proc.poll() is not None:
-        return
-    below = [(pid, started_ticks(pid)) for pid in descendants(proc.pid)]
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    kill_processes(below)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
@@ -97,6 +82,7 @@ def _summary(collector_url: str) -> str:
 
 DP, TP = 2, 2  # the training run's mesh: 4 CPU ranks
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # handled as Ctrl-C is
+STOP_S = 20.0  # how long each child may take to stop before it is killed
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -207,9 +193,11 @@ def run_demo(args: argparse.Namespace) -> int:
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        _stop(trainer)
-        for proc in reversed(procs):
-            _stop(proc)
+        # The trainer first, then the others in the reverse of their start, each given
+        # STOP_S to end (what it started that outlives it is killed: torchrun's ranks).
+        for proc in [trainer, *reversed(procs)]:
+            if proc is not None:
+                stop_jobs([proc], STOP_S)
         signal.signal(signal.SIGINT, interrupt)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
