@@ -6,10 +6,13 @@ its compute time over the median rank's (the hooks report the training thread's 
 on CPU ranks, CUDA event time on GPU ranks), how much later than the median rank it
 arrived at the step's synchronisation points (the step's end and the model's timed
 collectives: `sync_time_s`), as a fraction of the step (the only one from a producer
-without compute times), and, on CPU ranks, how much longer than the median
-rank its process was stopped, as a fraction of the step (hooks/stopped.py: a rank stopped
-from outside uses no more CPU time, and most of its stops land inside a collective, where
-every rank waits anyway, so neither other signal moves enough).
+without compute times), how much longer than the median rank it waited for its data
+(`data_time_s`), as a fraction of the step (a slow file system or a starved loader on its
+node: off the CPU, and the others wait for it in the forward's first collectives, which
+gloo does not time under tensor parallelism), and, on CPU ranks, how much longer than the
+median rank its process was stopped, as a fraction of the step (hooks/stopped.py: a rank
+stopped from outside uses no more CPU time, and most of its stops land inside a
+collective, where every rank waits anyway, so neither other signal moves enough).
 
 Per signal, the bar is the run's own rank-to-rank spread, not a fixed percentage: a
 robust sigma of the excesses (1.4826 x the median over recent steps of the cohort's median absolute
@@ -26,7 +29,7 @@ An episode raises one alert (ranks that turn slow at the same step share it) wit
 onset in `start_step` and its cost in seconds per step, and ends with one resolve row
 once its ranks stayed under half the bar as persistently.
 
-`excess`, `arrival_excess`, `rank_scores`, `kept_waiting` and `in_bursts` are pure
+`excess`, `arrival_excess`, `share_excess`, `rank_scores`, `kept_waiting` and `in_bursts` are pure
 functions of a window: the dashboard's "Slowest ranks" table calls them too, on bucket
 means.
 """
@@ -86,6 +89,12 @@ class StragglerSettings:
     # 0.5% (bench/results/stopped_clock.txt); a rank stopped 12 ms of every 100 ms
     # showed about 6%.
     min_stopped_share: float = 0.03
+    # Floor of the data signal's bar: a share of the step spent waiting for data beyond
+    # the median rank's. The hooks time the wait from the optimizer step's end to the
+    # forward (before FSDP's all-gather), about 0.5 ms of a 140-180 ms step on every rank
+    # of a quiet 4-rank CPU run; a rank waiting as long as it computes showed 25%
+    # (bench/straggler_shapes.py, `how=data`).
+    min_data_share: float = 0.03
     # Logged steps over which the run's spread is measured. Long enough that a straggler
     # or one busy stretch does not move it much; short enough to follow a machine whose
     # load changes over the run.
@@ -129,10 +138,9 @@ class StragglerSettings:
         )  # fmt: skip
         _check(self.spread_multiple > 0, "spread_multiple", "must be > 0", self.spread_multiple)
         _check(0 < self.min_excess < 10, "min_excess", "must be in (0, 10)", self.min_excess)
-        _check(
-            0 < self.min_stopped_share < 1, "min_stopped_share", "must be in (0, 1)",
-            self.min_stopped_share,
-        )  # fmt: skip
+        for name in ("min_stopped_share", "min_data_share"):
+            value = getattr(self, name)
+            _check(0 < value < 1, name, "must be in (0, 1)", value)
         _check(
             self.restless_persist_steps >= self.persist_steps, "restless_persist_steps",
             f"must be >= persist_steps ({self.persist_steps})", self.restless_persist_steps,
@@ -162,6 +170,10 @@ class StragglerSettings:
     def for_stops(self) -> StragglerSettings:
         """These settings for the stopped signal: its bar's floor is min_stopped_share."""
         return replace(self, min_excess=self.min_stopped_share)
+
+    def for_data(self) -> StragglerSettings:
+        """These settings for the data signal: its bar's floor is min_data_share."""
+        return replace(self, min_excess=self.min_data_share)
 
     def window_steps(self, burst_share: float) -> int:
         """Training steps a slowdown must last, given the share of clean ranks' logged
@@ -263,19 +275,19 @@ def sync_time_s(wait_s: np.ndarray, collectives_s: tuple[np.ndarray, ...]) -> np
     return total
 
 
-def stopped_excess(stopped_s: np.ndarray, step_time_s: float | np.ndarray) -> np.ndarray:
-    """How much longer than the median rank each rank was stopped, as a fraction of the
-    step: (its stopped time - the median's) / step time; the seconds the job waited for it,
-    over the step. Rows are steps and columns ranks (a 1-D array is one step),
-    `step_time_s` one per row; NaN (not reported) stays out of the median."""
-    if stopped_s.ndim == 1 and np.isfinite(stopped_s).all():  # the detector's case
-        return (stopped_s - fast_median(stopped_s)) / step_time_s
-    rows = np.atleast_2d(stopped_s)
+def share_excess(times_s: np.ndarray, step_time_s: float | np.ndarray) -> np.ndarray:
+    """How much longer than the median rank each rank spent stopped, or waiting for its
+    data, as a fraction of the step: (its time - the median's) / step time; the seconds the
+    job waited for it, over the step. Rows are steps and columns ranks (a 1-D array is one
+    step), `step_time_s` one per row; NaN (not reported) stays out of the median."""
+    if times_s.ndim == 1 and np.isfinite(times_s).all():  # the detector's case
+        return (times_s - fast_median(times_s)) / step_time_s
+    rows = np.atleast_2d(times_s)
     steps_s = np.broadcast_to(np.asarray(step_time_s, dtype="float64"), (len(rows),))
     with np.errstate(all="ignore"):  # a row without values: NaN
         median = np.nanmedian(rows, axis=1, keepdims=True)
         out = (rows - median) / np.where(steps_s > 0, steps_s, np.nan)[:, None]
-    return out if stopped_s.ndim == 2 else out[0]
+    return out if times_s.ndim == 2 else out[0]
 
 
 def in_bursts(x: np.ndarray, bar: float) -> np.ndarray:
@@ -451,9 +463,10 @@ class StragglerDetector:
         self._reset(np.zeros(0, np.int64))
 
     def _reset(self, ranks: np.ndarray) -> None:
-        """Two signals (compute time, arrival), the waits and step numbers of their rows,
-        open episodes. `restless_persist_steps` rows hold any window: a window holds more
-        than min_logged_steps logged steps only where it holds every step."""
+        """Four signals (compute time, arrival, data, stopped), the waits and step numbers
+        of their rows, open episodes. `restless_persist_steps` rows hold any window: a
+        window holds more than min_logged_steps logged steps only where it holds every
+        step."""
         s, n = self.settings, len(ranks)
         self._ranks = ranks.copy()
         self._compute = _Signal.empty(
@@ -472,7 +485,12 @@ class StragglerDetector:
             "running nor waiting for a CPU: SIGSTOP, a cgroup freezer, a debugger, a paused VM)",
             False, s.for_stops(), n,
         )  # fmt: skip
-        self._signals = (self._compute, self._arrival, self._stopped)
+        self._data = _Signal.empty(
+            "data_time_s",
+            "waiting for its data {pct:.0f}% of a step longer than the median rank",
+            False, s.for_data(), n,
+        )  # fmt: skip
+        self._signals = (self._compute, self._arrival, self._data, self._stopped)
         self._waits = np.zeros((s.restless_persist_steps, n))
         self._was_in_episode = np.zeros((s.restless_persist_steps, n), bool)
         self._steps = np.zeros(s.restless_persist_steps, np.int64)
@@ -530,11 +548,12 @@ class StragglerDetector:
     def _push(self, r: RankView, s: StepView) -> bool:
         """This step's excesses and costs into the rings; False if it has none.
 
-        Three signals, each judged against its own spread: a rank's compute time over the
+        Four signals, each judged against its own spread: a rank's compute time over the
         median rank's (log ratio); how much later than the median rank it arrived at the
         step's synchronisation points (`sync_time_s`), as a fraction of the step (close to
         a log ratio; the last to arrive waits least), which is what the job waited for it;
-        and, where reported, how much longer it was stopped, as a fraction of the step.
+        and, where reported, how much longer it waited for its data, and how much longer
+        it was stopped, each as a fraction of the step.
         Each misses what the other sees: on a machine with fewer cores than ranks the
         scheduler decides who arrives last; on an idle one a rank's CPU time also counts
         its polling in the collectives, so the ranks that wait longest look slowest."""
@@ -560,12 +579,12 @@ class StragglerDetector:
             self._arrival.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))
         else:
             self._arrival.put(row, spread_row, None, zeros)
-        stopped = r.stopped_time_s
-        if stopped is not None and s.step_time_s > 0 and np.isfinite(stopped).all():
-            x = stopped_excess(stopped, s.step_time_s)
-            self._stopped.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))
-        else:
-            self._stopped.put(row, spread_row, None, zeros)
+        for signal, own_s in ((self._data, r.data_time_s), (self._stopped, r.stopped_time_s)):
+            if own_s is not None and s.step_time_s > 0 and np.isfinite(own_s).all():
+                x = share_excess(own_s, s.step_time_s)
+                signal.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))
+            else:
+                signal.put(row, spread_row, None, zeros)
         self._steps[row], self._waits[row] = s.step, r.wait_time_s
         self._was_in_episode[row] = self._in_episode
         self._pushed += 1

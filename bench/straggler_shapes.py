@@ -9,6 +9,8 @@ processes on the machine's cores unless said) meets others:
 - two at once: two of the four ranks 25% slower from the same step;
 - idle: one rank asleep in its forward for twice its compute time (`how=idle`, as under a
   CPU quota), dp 4 and dp 2 x tp 2 (whose tensor-parallel collectives gloo does not time);
+- data: one rank waiting for its batches as long as it computes (`how=data`: a slow
+  file system), dp 2 x tp 2 and dp 4;
 - 8 ranks (dp 4 x tp 2) with a 15% straggler, loaded;
 - no straggler at all: two clean loaded 1,000-step runs at dp 4.
 
@@ -87,6 +89,16 @@ def _idle(loaded: bool) -> Shape:
     return Shape(run, (Episode((3,), 40, None),), "asleep twice its compute time, dp 4")
 
 
+def _data(loaded: bool, dp4: bool) -> Shape:
+    """Rank 2 waiting for its batches as long as it computes (`how=data`: a slow file
+    system or a starved loader on its node), from step 40: off the CPU, before the
+    forward, so the others wait for it in the forward's collectives."""
+    extra = ("--dp", "4", "--tp", "1") if dp4 else ()
+    run = RealRun(("straggler:rank=2,step=40,slowdown=1,how=data",), 160, loaded, extra=extra)
+    note = f"waits its compute time for data, {'dp 4' if dp4 else 'dp 2 x tp 2'}"
+    return Shape(run, (Episode((2,), 40, None),), note)
+
+
 def _clean(seed: str) -> Shape:
     """No straggler, dp 4: every collective is timed, so the arrival signal holds the most;
     loaded, 1,000 steps. Every alert is false."""
@@ -113,6 +125,10 @@ SHAPES = {
         (Episode((3,), 40, None),),
         "asleep twice its compute time, dp 2 x tp 2",
     ),
+    "data": _data(True, False),
+    "quiet-data": _data(False, False),
+    "data-dp4": _data(True, True),
+    "quiet-data-dp4": _data(False, True),
     "clean-dp4-a": _clean("7"),
     "clean-dp4-b": _clean("8"),
     "8rank15": Shape(

@@ -22,9 +22,9 @@ from trainvitals.analyzer.straggler import (
     in_bursts,
     kept_waiting,
     rank_scores,
+    share_excess,
     sigma_of,
     step_spread,
-    stopped_excess,
     sync_time_s,
 )
 from trainvitals.dashboard.client import RunSummary
@@ -130,7 +130,7 @@ def progress(run: RunSummary, first_step: int, mean_tokens: float) -> Progress:
     return Progress(tokens_done, wall_s, eta_s)
 
 
-COMPUTE, ARRIVAL, STOPPED = "compute time", "arrival", "stopped time"
+COMPUTE, ARRIVAL, DATA, STOPPED = "compute time", "arrival", "data wait", "stopped time"
 BOTH = f"{COMPUTE} and {ARRIVAL}"
 
 
@@ -143,18 +143,20 @@ def rank_costs(
     settings: StragglerSettings | None = None,
     stopped: pd.DataFrame | None = None,
     collectives: tuple[pd.DataFrame, ...] = (),
+    data: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Per rank, slowest first as the straggler detector judges them: `straggler` (the
     detector's judgement over the window), `named_by` (the signals that named it, COMPUTE,
-    ARRIVAL, STOPPED joined by "and", empty for the others), `slower` (median excess of its
-    time over the median rank's, a fraction), `late` (median lateness at the step's
-    synchronisation points, a fraction of the step), `stopped` (median time stopped beyond
-    the median rank's, a fraction of the step), `behind_s` (seconds behind the median rank,
-    summed) and `mean_s`.
+    ARRIVAL, DATA, STOPPED joined by "and", empty for the others), `slower` (median excess
+    of its time over the median rank's, a fraction), `late` (median lateness at the step's
+    synchronisation points, a fraction of the step), `data` and `stopped` (median time
+    waiting for data, and stopped, beyond the median rank's, fractions of the step),
+    `behind_s` (seconds behind the median rank, summed) and `mean_s`.
 
-    `means`, `waits`, `step_times` and `stopped` are step x rank grids (step, rank, value)
-    of bucket means of a per-rank time, its wait at the step's end, its step time and the
-    time its process was stopped (CPU ranks); `collectives` the same of each kind of
+    `means`, `waits`, `step_times`, `data` and `stopped` are step x rank grids (step, rank,
+    value) of bucket means of a per-rank time, its wait at the step's end, its step time,
+    its wait for data and the time its process was stopped (CPU ranks); `collectives` the
+    same of each kind of
     collective's time, which with the waits tell when it arrived (`sync_time_s`). Each
     bucket is a step to the detector's own functions (analyzer.straggler): per signal the bar is
     the window's rank-to-rank spread and a straggler clears it in most buckets; slow by
@@ -173,7 +175,7 @@ def rank_costs(
     # restless cohort), min_logged_steps at least.
     step_gap = gaps.median() if len(gaps) else bucket_steps
 
-    wait_s, step_s, stops = (_on_grid(f, grid) for f in (waits, step_times, stopped))
+    wait_s, step_s, data_s, stops = (_on_grid(f, grid) for f in (waits, step_times, data, stopped))
     # Per bucket, the step the arrival and stopped excesses are fractions of.
     with np.errstate(all="ignore"):  # a bucket without step times: NaN, no excess
         step_median_s = np.nan if step_s is None else np.nanmedian(step_s, axis=1)
@@ -185,9 +187,13 @@ def rank_costs(
     def judged_over(steps: int) -> _Judged:
         k = max(settings.min_logged_steps, math.ceil(steps / step_gap))
         judged = _judge(grid, wait_s, sync_s, step_median_s, k, tp, settings)
-        if stops is None or step_s is None:
+        if step_s is None:
             return judged
-        return _judge_stops(judged, stops, step_median_s, k, settings)
+        if data_s is not None:
+            judged = _judge_share(judged, "data", data_s, step_median_s, k, settings.for_data())
+        if stops is not None:
+            judged = _judge_share(judged, "stop", stops, step_median_s, k, settings.for_stops())
+        return judged
 
     judged = judged_over(settings.persist_steps)
     window_steps = settings.window_steps(judged.burst_share)
@@ -202,8 +208,11 @@ def rank_costs(
         .agg(behind_s=("behind_s", "sum"), mean_s=("value", "mean"))
         .reindex(grid.columns)
     )
-    signals = ((judged.by_time, COMPUTE), (judged.by_arrival, ARRIVAL), (judged.by_stop, STOPPED))
-    straggler = judged.by_time | judged.by_arrival | judged.by_stop
+    signals = (
+        (judged.by_time, COMPUTE), (judged.by_arrival, ARRIVAL), (judged.by_data, DATA),
+        (judged.by_stop, STOPPED),
+    )  # fmt: skip
+    straggler = judged.by_time | judged.by_arrival | judged.by_data | judged.by_stop
     named_by = [" and ".join(name for by, name in signals if by[i]) for i in range(len(straggler))]
     out = pd.DataFrame(
         {
@@ -212,7 +221,8 @@ def rank_costs(
             "named_by": named_by,
             "slower": np.expm1(judged.time_excess),
             "late": judged.lateness,
-            "stopped": judged.stopped,
+            "data": judged.data,
+            "stopped": judged.stop,
             "behind_s": totals["behind_s"].to_numpy(),
             "mean_s": totals["mean_s"].to_numpy(),
         }
@@ -231,8 +241,10 @@ class _Judged:
     lateness: np.ndarray  # median lateness, a fraction of the step (NaN without waits)
     over_bar: np.ndarray  # the largest of the signals' medians, each over its signal's bar
     burst_share: float  # share of the other ranks' buckets in bursts (`in_bursts`)
+    by_data: np.ndarray  # bool: named by its wait for data (all False without it)
+    data: np.ndarray  # median wait for data beyond the median rank's, a fraction of the step
     by_stop: np.ndarray  # bool: named by its time stopped (all False without it)
-    stopped: np.ndarray  # median time stopped beyond the median rank's, a fraction of the step
+    stop: np.ndarray  # median time stopped beyond the median rank's, a fraction of the step
 
 
 def _judge(
@@ -263,8 +275,9 @@ def _judge(
         lateness = np.full(len(ranks), np.nan)
         share = _burst_share(bursts, by_time)
         return _Judged(
-            by_time, nothing, time_scores.median(), lateness, over_bar, share, nothing, lateness
-        )
+            by_time, nothing, time_scores.median(), lateness, over_bar, share,
+            nothing, lateness, nothing, lateness,
+        )  # fmt: skip
     late_x = arrival_excess(syncs, step_median_s)
     by_arrival, late_scores = _slow_in_a_window(late_x, k, s)
     lateness = late_scores.median()
@@ -274,22 +287,28 @@ def _judge(
     nothing = np.zeros(len(ranks), bool)
     unknown = np.full(len(ranks), np.nan)
     return _Judged(
-        by_time, by_arrival, time_scores.median(), lateness, over_bar, share, nothing, unknown
-    )
+        by_time, by_arrival, time_scores.median(), lateness, over_bar, share,
+        nothing, unknown, nothing, unknown,
+    )  # fmt: skip
 
 
-def _judge_stops(
-    judged: _Judged, stops: np.ndarray, step_median_s: np.ndarray, k: int, s: StragglerSettings
+def _judge_share(
+    judged: _Judged,
+    name: str,
+    times_s: np.ndarray,
+    step_median_s: np.ndarray,
+    k: int,
+    s: StragglerSettings,
 ) -> _Judged:
-    """`judged` with the third signal: each rank's time stopped beyond the median rank's,
-    as a fraction of the step (`stops` on the grid's cells, `step_median_s` each bucket's
-    median step), against its own bar (floor `min_stopped_share`), unconfirmed as in the
-    detector."""
-    x = stopped_excess(stops, step_median_s)
-    by_stop, scores = _slow_in_a_window(x, k, s.for_stops())
-    stopped = scores.median()
-    over_bar = np.fmax(judged.over_bar, stopped / scores.bar)
-    return replace(judged, by_stop=by_stop, stopped=stopped, over_bar=over_bar)
+    """`judged` with the data signal (`name` "data") or the stopped one ("stop"): each
+    rank's time beyond the median rank's, as a fraction of the step (`times_s` on the
+    grid's cells, `step_median_s` each bucket's median step), against its own bar (`s`:
+    the settings `for_data` or `for_stops`), unconfirmed as in the detector."""
+    x = share_excess(times_s, step_median_s)
+    slow, scores = _slow_in_a_window(x, k, s)
+    median = scores.median()
+    over_bar = np.fmax(judged.over_bar, median / scores.bar)
+    return replace(judged, **{f"by_{name}": slow, name: median, "over_bar": over_bar})
 
 
 def _burst_share(bursts: np.ndarray, slow: np.ndarray) -> float:

@@ -39,7 +39,8 @@ class RanksData:
     # COLLECTIVE_TIMES, bucket means: with the waits, the detector's arrival signal
     collective_means: tuple[Series, ...]
     step_means: Series  # step_time_s, bucket mean: the step the arrival is a fraction of
-    stopped_means: Series  # stopped_time_s, bucket mean: the detector's third signal (CPU)
+    data_means: Series  # data_time_s, bucket mean: the detector's data signal
+    stopped_means: Series  # stopped_time_s, bucket mean: the detector's stopped signal (CPU)
     device: dict[str, Series]  # DEVICE_METRICS fields, one bucket: the window's mean
     # COLLECTIVES prefix -> its bytes and time per step, one bucket: the window's mean.
     # Only collectives the run reported and that moved bytes.
@@ -54,7 +55,7 @@ class RanksData:
 GRID_PAIRS = (
     [(field, agg) for field in ("compute_time_s", "step_time_s") for agg in ("max", "mean")]
     + [("wait_time_s", agg) for agg in ("max", "mean")]
-    + [("stopped_time_s", "mean")]
+    + [(field, "mean") for field in ("data_time_s", "stopped_time_s")]
     + [(field, "mean") for field in COLLECTIVE_TIMES]
 )
 MEAN_FIELDS = [field for field, _, _ in DEVICE_METRICS] + [
@@ -78,6 +79,7 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
         wait=grid[("wait_time_s", "max")],
         wait_means=grid[("wait_time_s", "mean")],
         step_means=grid[("step_time_s", "mean")],
+        data_means=grid[("data_time_s", "mean")],
         stopped_means=grid[("stopped_time_s", "mean")],
         collective_means=tuple(grid[(field, "mean")] for field in COLLECTIVE_TIMES),
         device={field: means[(field, "mean")] for field, _, _ in DEVICE_METRICS},
@@ -149,12 +151,13 @@ def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
         tp=tp,
         stopped=data.stopped_means.frame,
         collectives=tuple(series.frame for series in data.collective_means),
+        data=data.data_means.frame,
     )
     st.caption(
         "Judged as the straggler detector judges them, each bucket a step, by its signals: "
         f"its {time_name} over the median rank's (confirmed by arriving last at the step's "
         "end), how much later than the median rank it arrived at the step's end and in the "
-        "model's collectives, and (CPU ranks) how "
+        "model's collectives, how much longer it waited for its data, and (CPU ranks) how "
         "much longer its process was stopped, each as a share of the step. A straggler "
         "cleared a signal's bar (this window's rank-to-rank spread) in "
         "most buckets of the detector's persistence window somewhere in this window; the "
@@ -165,7 +168,10 @@ def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
     shown = costs.head(SLOWEST_SHOWN)
     st.dataframe(
         shown.assign(
-            slower=shown["slower"] * 100, late=shown["late"] * 100, stopped=shown["stopped"] * 100
+            slower=shown["slower"] * 100,
+            late=shown["late"] * 100,
+            data=shown["data"] * 100,
+            stopped=shown["stopped"] * 100,
         ),
         hide_index=True,
         column_config={
@@ -173,6 +179,9 @@ def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
             "named_by": st.column_config.TextColumn("named by"),
             "slower": st.column_config.NumberColumn(f"{time_name} over median (%)", format="%.1f"),
             "late": st.column_config.NumberColumn("late at step end (% of step)", format="%.1f"),
+            "data": st.column_config.NumberColumn(
+                "data wait beyond median (% of step)", format="%.1f"
+            ),
             "stopped": st.column_config.NumberColumn(
                 "stopped beyond median (% of step)", format="%.1f"
             ),

@@ -89,7 +89,10 @@ class StepTimer:
         self._done: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=8)
         self._last_gpu_s = math.nan  # the last finished step's, for a report with none new
         self._handles = [
-            model.register_forward_pre_hook(self._forward_start),
+            # First among the root's pre-forward hooks: FSDP's runs the root's all-gather
+            # and waits in it for the slowest rank, which is no data time. Without it a
+            # rank's data-parallel peers showed its slow data loading as their own.
+            model.register_forward_pre_hook(self._forward_start, prepend=True),
             register_optimizer_step_post_hook(self._optimizer_end),
         ]
 

@@ -6,6 +6,10 @@
                                                      in each forward from step 20: off the
                                                      CPU, as under a CPU quota or a slow
                                                      file read (CPU ranks)
+    --inject straggler:rank=1,step=20,slowdown=0.3,how=data
+                                                     rank 1 waits that long for each batch
+                                                     from step 20: a slow file system or a
+                                                     starved loader on its node
     --inject straggler:rank=1,step=20,slowdown=0.3,until=80,ramp=40
                                                      from step 20 to step 79, growing to
                                                      30% over its first 40 steps
@@ -72,7 +76,7 @@ KINDS: dict[str, dict[str, Param]] = {
     "straggler": {
         "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
         "slowdown": Param("number", low=0, high=10, words="in (0, 10]"),
-        "how": Param("text", "busy", choices=("busy", "idle")),
+        "how": Param("text", "busy", choices=("busy", "idle", "data")),
         "until": Param("whole", 0),  # the first step no longer slowed; 0: the run's end
         "ramp": Param("whole", 0),  # steps over which the slowdown grows to its full size
     },
@@ -312,7 +316,19 @@ class FaultInjector:
         base_s = self.clock.baseline_s()
         slowdown = self._slowdown(f, self._step)
         if base_s is not None and slowdown:
-            time.sleep(slowdown * base_s)
+            self.clock.idle(slowdown * base_s)
+
+    def wait_for_data(self, step: int) -> None:
+        """A data straggler (`how=data`) waits `slowdown` x its normal step's compute time
+        for its batch, between the optimizer step and the forward: where a slow file system
+        or a loader short of workers holds a rank back. Off the CPU, and the others wait
+        for it in the forward's first collective."""
+        base_s = self.clock.baseline_s()
+        if base_s is None:
+            return  # no step measured yet (the first step of a run)
+        for f in self._mine("straggler", step, started=True):
+            if f.params["how"] == "data" and (slowdown := self._slowdown(f, step)):
+                self.clock.idle(slowdown * base_s)
 
     def pause(self, step: int, monitor) -> None:
         """Every rank pauses between steps, as for a slow checkpoint save or an evaluation,
@@ -374,6 +390,14 @@ class ComputeClock:
         """Median seconds of this rank's recent steps without injected work; None before
         the first measured step."""
         return statistics.median(self.samples) if self.samples else None
+
+    def idle(self, seconds: float) -> None:
+        """Sleep `seconds`: injected, so not this rank's own time. The CPU clock does not
+        count a sleep; the CUDA path's wall clock does, and takes it out."""
+        start = time.perf_counter()
+        time.sleep(seconds)
+        if self.cuda:
+            self._busy_s += time.perf_counter() - start
 
     def busy(self, seconds: float) -> None:
         """Keep this rank busy for about `seconds` more per step (a slow device, not an idle

@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         injector.arm_idle(model, step)
         injector.crash_or_hang(step, monitor)
         injector.clock.start()  # this rank's compute time, the straggler's baseline
+        injector.wait_for_data(step)
         advance_to(batches, index := data_index(step, skipped))  # same data as an unbroken run
         injector.record_data(monitor, step, index)
         inputs, targets = injector.batch(

@@ -87,6 +87,7 @@ def rows(views, settings: StragglerSettings | None = None) -> list:
         ("restless_persist_steps", 24),
         ("min_last_fraction", 1.5),
         ("min_stopped_share", 0.0),
+        ("min_data_share", 1.0),
     ],
 )
 def test_bad_settings_name_the_field(field: str, value) -> None:
@@ -492,6 +493,44 @@ def test_a_rank_stopped_from_outside_is_named_by_its_stopped_time() -> None:
     assert rows(blind) == []
 
 
+def data_cohort(steps: int, ranks: int, slow: dict[int, tuple[int, float]], seed: int = 0):
+    """A job whose ranks compute alike (100 ms) and fetch each batch in ~0.5 ms (rank to
+    rank within 0.2 ms); rank -> (first step, share of the step) spent waiting for data on
+    top from then: off the CPU, and the others wait for it in the forward's collectives,
+    which are not timed, so every rank arrives at the step's end at the same time."""
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        compute = COMPUTE_S * np.exp(0.005 * rng.standard_normal(ranks))
+        share = max((f for a, f in slow.values() if step >= a), default=0.0)
+        step_s = float(compute.max()) / (1 - share)
+        data = np.clip(0.0005 + 0.0002 * rng.standard_normal(ranks), 0, None)
+        for rank, (first, extra) in slow.items():
+            if step >= first:
+                data[rank] += extra * step_s
+        view = RankView.of(compute_time_s=compute.tolist(), wait_time_s=[0.01] * ranks,
+                           data_time_s=data.tolist())  # fmt: skip
+        yield StepView("r", step, float(step), 2.0, 1.0, step_time_s=step_s, ranks=view)
+
+
+def test_a_rank_waiting_for_its_data_is_named_by_its_data_time() -> None:
+    """A slow file system on one rank's node: its CPU time, its arrival at the step's end
+    and its stopped time do not move, its wait for data does: named once, within the
+    window, with its cost; without the data times nobody is, and an even cohort is
+    never named."""
+    views = list(data_cohort(200, 4, {1: (60, 0.15)}))
+    got = rows(views)
+    assert [(a.kind, a.rank, a.severity) for a in got] == [("straggler", 1, "warning")]
+    alert = got[0]
+    assert alert.start_step >= 60 and alert.step <= 60 + 30
+    assert "waiting for its data 15% of a step longer than the median rank" in alert.message
+    assert "bar: 3%" in alert.message and "loses about 18 ms per step" in alert.message
+    blind = [
+        dataclasses.replace(v, ranks=dataclasses.replace(v.ranks, data_time_s=None)) for v in views
+    ]
+    assert rows(blind) == []
+    assert rows(data_cohort(1000, 8, {}, seed=4)) == []
+
+
 def test_stops_that_end_resolve_and_noise_is_not_a_stop() -> None:
     views = list(stopped_cohort(300, 4, {1: (50, 0.2)}))
     ended = [*views[:150], *stopped_cohort(150, 4, {}, seed=1)]
@@ -593,3 +632,23 @@ def test_real_run_with_a_rank_held_off_the_cpu(tmp_path: Path) -> None:
     ].message
     assert alerts[0].start_step >= 20
     assert _straggler_alerts(out, drop=COLLECTIVE_TIMES) == []
+
+
+@pytest.mark.slow
+def test_real_run_with_a_rank_waiting_for_its_data(tmp_path: Path) -> None:
+    """A real dp=2 x tp=2 run (gloo) with rank 2 waiting for each batch as long as it
+    computes from step 20 (`how=data`: a slow file system on its node). The others wait
+    for it in the forward's collectives, which gloo does not time under tensor
+    parallelism, so only its data time tells. It is named by it, and nobody else is: its
+    data-parallel peer, rank 0, waits for it in FSDP's first all-gather, which the hooks
+    no longer count as data time."""
+    out = tmp_path / "run.jsonl"
+    run_trainer(["--dp", "2", "--tp", "2", "--steps", "70", "--telemetry-file", str(out),
+                 "--inject", "straggler:rank=2,step=20,slowdown=1,how=data"],
+                nproc=4)  # fmt: skip
+    alerts = _straggler_alerts(out)
+    assert [(a.rank, a.severity) for a in alerts] == [(2, "warning")], alerts
+    assert "waiting for its data" in alerts[0].message, alerts[0].message
+    assert "also" not in alerts[0].message, alerts[0].message
+    assert alerts[0].start_step >= 20
+    assert _straggler_alerts(out, drop=("data_time_s",)) == []

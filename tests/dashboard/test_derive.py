@@ -124,6 +124,28 @@ def test_rank_costs_name_a_rank_stopped_from_outside_by_its_stopped_time() -> No
     assert not blind["straggler"].any()
 
 
+def test_rank_costs_name_a_rank_waiting_for_its_data_by_its_data_time() -> None:
+    # 4 ranks compute alike and arrive together (the others wait for it in collectives
+    # that are not timed); rank 3 waits 15 ms of a 100 ms step longer for its batches from
+    # bucket 10, the others ~0.5 ms. Only the data time names it, as the detector does.
+    rng = np.random.default_rng(3)
+    compute = 0.1 * np.exp(0.01 * rng.standard_normal((60, 4)))
+    waits = np.full((60, 4), 0.01)
+    step_s = np.full((60, 4), 0.1)
+    data = 0.0005 + 0.0002 * rng.standard_normal((60, 4))
+    data[10:, 3] += 0.015
+    cells = [(s, r) for s in range(60) for r in range(4)]
+    frames = [grid([(s, r, v[s, r]) for s, r in cells]) for v in (compute, waits, step_s, data)]
+    costs = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2],
+                              data=frames[3])  # fmt: skip
+    assert costs["rank"][0] == 3
+    assert costs["straggler"].tolist() == [True, False, False, False]
+    assert costs["named_by"][0] == derive.DATA
+    assert costs["data"][0] == pytest.approx(0.15, abs=0.01)
+    blind = derive.rank_costs(frames[0], 1, waits=frames[1], step_times=frames[2])
+    assert not blind["straggler"].any()
+
+
 def test_rank_costs_name_a_rank_the_others_waited_for_in_the_collectives() -> None:
     # 4 ranks compute alike and wait alike at the step's end; from bucket 10 the others
     # spend 25 ms more of a 100 ms step in the all-gathers, waiting for rank 1 (held off the
