@@ -40,7 +40,7 @@ import heapq
 import math
 import statistics
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,7 +190,12 @@ class Watchdog:
             self._runs[run_id].pending.append((time_unix_s, self._order, why))
 
     def restore(
-        self, run_id: str, heartbeats: Any, now_s: float, last_alerts: Sequence[Alert] = ()
+        self,
+        run_id: str,
+        heartbeats: Any,
+        now_s: float,
+        last_alerts: Sequence[Alert] = (),
+        pause_lengths_s: Mapping[str, float] | None = None,
     ) -> None:
         """Rebuild a run's state after a restart of the collector at `now_s`.
 
@@ -199,6 +204,8 @@ class Watchdog:
         last `window` completed steps, from which the typical step time is learned again.
         `last_alerts`: the last stored rank_lost and hang rows of the run: those not
         `resolved` are open episodes, and a new row of their kind comes after their step.
+        `pause_lengths_s`: per declared phase, the longest pause of it the run came back
+        from, from the store's `pause:<phase>` events (the heartbeats kept do not tell).
         No deadline before `now_s` fires: the collector heard nothing while it was down, so
         that silence is nobody's. A rank silent for `silence_s` before the collector's last
         receipt went silent while it listened and stays lost; every other rank counts as
@@ -215,10 +222,15 @@ class Watchdog:
         run = self._runs[run_id] = self._fresh(rows[0][0], [])
         for received_s, *item in rows:
             self._heard(run_id, run, received_s, *item)  # deadlines are judged below
-        # Not every heartbeat is kept for a restart: when a pause began is not known, nor
-        # how long the earlier ones lasted; pause_s again until the next of each phase.
+        # Not every heartbeat is kept for a restart: when a pause began is not known (the
+        # one in progress, if any, teaches nothing), and how long the earlier ones lasted
+        # comes from their events.
         run.pause_began_s.clear()
-        run.longest_pause_s.clear()
+        run.longest_pause_s = {
+            phase: length_s
+            for phase, length_s in (pause_lengths_s or {}).items()
+            if phase in PAUSES and math.isfinite(length_s) and length_s > 0
+        }
         last_s = rows[-1][0]
         run.deadlines.clear()
         for rank, r in run.ranks.items():

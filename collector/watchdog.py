@@ -26,6 +26,7 @@ time behind the hang threshold is known at once, not after five more steps.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -37,8 +38,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trainvitals.analyzer.alerts import Alert
+from trainvitals.analyzer.alerts import RESOLVED, Alert
 from trainvitals.analyzer.liveness import HANG, RANK_LOST, STOPPED, LivenessSettings, Watchdog
+from trainvitals.analyzer.views import PAUSE_EVENT_KINDS
 from trainvitals.schema import HEARTBEATS
 
 from .analysis import AlertLog
@@ -159,10 +161,35 @@ class LiveWatchdog:
                 "QUALIFY row_number() OVER (PARTITION BY kind ORDER BY step DESC) = 1",
                 [run_id, RANK_LOST, HANG],
             ).to_pylist()
+            lengths_s = self._pause_lengths_s(run_id)
             with self._lock:
-                self.watchdog.restore(run_id, heartbeats, now_s, [Alert(**a) for a in last])
+                self.watchdog.restore(
+                    run_id, heartbeats, now_s, [Alert(**a) for a in last], lengths_s
+                )
             restored.append(run_id)
         return restored
+
+    def _pause_lengths_s(self, run_id: str) -> dict[str, float]:
+        """Per declared phase, the longest pause of it the run came back from, from its
+        `pause:<phase>` events (rank 0's duration), leaving out those at whose step a hang
+        was raised: live, a pause that outlasted its threshold teaches nothing either."""
+        rows = self.store.query(
+            "SELECT e.kind, e.detail FROM events e WHERE e.run_id = ? AND e.kind IN "
+            f"({', '.join('?' * len(PAUSE_EVENT_KINDS))}) AND NOT EXISTS (SELECT 1 FROM "
+            "alerts a WHERE a.run_id = e.run_id AND a.kind = ? AND a.step = e.step "
+            "AND a.severity <> ?)",
+            [run_id, *PAUSE_EVENT_KINDS, HANG, RESOLVED],
+        ).to_pylist()
+        out: dict[str, float] = {}
+        for row in rows:
+            try:
+                length_s = float(json.loads(row["detail"] or "{}").get("duration_s", "nan"))
+            except (ValueError, TypeError, AttributeError):
+                continue  # a hand-made event without a duration: nothing to learn
+            phase = row["kind"].removeprefix("pause:")
+            if math.isfinite(length_s):
+                out[phase] = max(out.get(phase, 0.0), length_s)
+        return out
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="trainvitals-watchdog", daemon=True)

@@ -7,6 +7,7 @@ import time
 
 import duckdb
 import msgpack
+import orjson
 import pytest
 
 URL = "/api/v1/heartbeats"
@@ -205,6 +206,69 @@ def test_a_restarted_collector_rebuilds_the_watchdog_from_the_stored_heartbeats(
     assert (hang["run_id"], hang["kind"]) == ("b", "hang")
     assert hang["baseline"] == 50.0  # 10 x the 5 s per step learned before the restart
     assert hang["time_unix_s"] == t0 + 1000 + 50
+
+
+def _pause_events(run_id: str, pauses: list[tuple[int, str, float]]):
+    """An events table of `pause:<phase>` events (step, phase, duration), as rank 0's
+    monitor records them."""
+    from trainvitals.schema import BatchBuilder, to_arrow
+
+    b = BatchBuilder(run_id)
+    for step, phase, duration_s in pauses:
+        detail = orjson.dumps({"duration_s": duration_s}).decode()
+        b.append("events", step=step, rank=-1, kind=f"pause:{phase}", detail=detail,
+                 time_unix_s=1_700_000_000.0 + step)  # fmt: skip
+    return to_arrow(orjson.loads(b.to_json()))[1]["events"]
+
+
+def test_a_restarted_collector_keeps_the_pause_lengths_the_run_came_back_from(
+    settings,
+) -> None:
+    # A run's checkpoint saves took 70 s and 90 s (their pause events in the store); the
+    # collector restarts, and the run's next save never ends. Rebuilt, the watchdog allows
+    # it 3 x 90 s, at least 300 s, as it would have without the restart: not pause_s
+    # (1800 s). A 2,000 s evaluation during which a hang was raised teaches nothing, live
+    # or restored: evaluations still get pause_s.
+    from fastapi.testclient import TestClient
+
+    from trainvitals.analyzer.alerts import Alert
+    from trainvitals.collector.analysis import insert_alerts
+    from trainvitals.collector.main import create_app
+
+    t0 = 1_700_000_000.0
+    now = [t0]
+    clock = lambda: now[0]  # noqa: E731
+    with TestClient(create_app(settings, watchdog_clock=clock)) as client:
+        store, watchdog = client.app.state.store, client.app.state.watchdog
+        for k in range(11):
+            now[0] = t0 + 5 * k
+            watchdog.observe("p", _beats("p", [0, 1, 2], k, now[0]))
+            watchdog.tick()
+        pauses = [(3, "checkpoint", 70.0), (6, "checkpoint", 90.0), (8, "eval", 2000.0)]
+        store.submit("p", {"events": _pause_events("p", pauses)}).result()
+        hang = Alert("p", 8, "hang", "critical", "hung", t0 + 40)
+        insert_alerts(store.cursor(), [hang, hang.resolved_at(9, t0 + 45, "over")])
+    now[0] = t0 + 1000
+    with TestClient(create_app(settings, watchdog_clock=clock)) as client:
+        watchdog = client.app.state.watchdog
+        run = watchdog.watchdog._runs["p"]
+        assert run.longest_pause_s == {"checkpoint": 90.0}
+        limit_s, why = watchdog.watchdog.pause_threshold_s(run, ("checkpoint",))
+        assert limit_s == 300.0 and "came back from (90 s)" in why
+        assert watchdog.watchdog.pause_threshold_s(run, ("eval",))[0] == 1800.0
+        for k in range(1, 80):  # every rank saves from the restart on, and never finishes
+            now[0] = t0 + 1000 + 5 * k
+            watchdog.observe("p", _beats("p", [0, 1, 2], 10, now[0], phase="checkpoint"))
+            watchdog.tick()
+    with duckdb.connect(settings.store_path, read_only=True) as con:
+        alerts = (
+            con.sql("SELECT kind, time_unix_s, message FROM alerts WHERE step > 9")
+            .to_arrow_table()
+            .to_pylist()
+        )
+    assert [a["kind"] for a in alerts] == ["hang"], alerts
+    assert alerts[0]["time_unix_s"] == t0 + 1000 + 300
+    assert "3x the longest this run came back from (90 s)" in alerts[0]["message"]
 
 
 def test_a_stop_judges_the_heartbeats_of_its_last_second(settings) -> None:
