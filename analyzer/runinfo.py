@@ -27,6 +27,7 @@ class RunInfo:
     layer_names: tuple[str, ...] = ()  # name of layer index 0, 1, ...
     hosts: tuple[str, ...] = ()  # host of rank 0, 1, ...
     world_size: int = 0  # ranks in the run (0: not reported)
+    device_type: str = ""  # "cuda", "cpu", ... ("": not reported)
     # A dynamic loss scaler (fp16's GradScaler) overflows the gradients now and then by design
     dynamic_loss_scaling: bool = False
 
@@ -46,11 +47,20 @@ class RunInfo:
             layer_names=_names(row.get("layer_names_json")),
             hosts=_names(row.get("hosts_json")),
             world_size=world if isinstance(world := row.get("world_size"), int) else 0,
+            device_type=kind if isinstance(kind := row.get("device_type"), str) else "",
             dynamic_loss_scaling=row.get("loss_scaling") == "dynamic",
         )
 
 
 UNKNOWN = RunInfo()  # a run whose runs row has not arrived: indices, no hosts, tp = 1
+
+
+def host_is_device(device_type: str | None) -> bool:
+    """Whether a run's ranks compute on their host (CPU, or not reported): there a rank's
+    host times are its work's. An accelerator's host runs ahead of it and waits for it
+    where the loop syncs (a rank-0-only `loss.item()` after the step lands in rank 0's
+    data time), so its host times are no straggler's evidence."""
+    return device_type in ("", "cpu", None)
 
 
 def _names(text: Any) -> tuple[str, ...]:

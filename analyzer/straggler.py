@@ -6,13 +6,15 @@ its compute time over the median rank's (the hooks report the training thread's 
 on CPU ranks, CUDA event time on GPU ranks), how much later than the median rank it
 arrived at the step's synchronisation points (the step's end and the model's timed
 collectives: `sync_time_s`), as a fraction of the step (the only one from a producer
-without compute times), how much longer than the median rank it waited for its data
-(`data_time_s`), as a fraction of the step (a slow file system or a starved loader on its
-node: off the CPU, and the others wait for it in the forward's first collectives, which
-gloo does not time under tensor parallelism), and, on CPU ranks, how much longer than the
-median rank its process was stopped, as a fraction of the step (hooks/stopped.py: a rank
-stopped from outside uses no more CPU time, and most of its stops land inside a
-collective, where every rank waits anyway, so neither other signal moves enough).
+without compute times), and, on CPU ranks, how much longer than the median rank it
+waited for its data (`data_time_s`), as a fraction of the step (a slow file system or a
+starved loader on its node: off the CPU, and the others wait for it in the forward's first
+collectives, which gloo does not time under tensor parallelism; an accelerator's host
+time also holds its waits for the device, and NCCL's collectives are timed) and how much
+longer than the median rank its process was stopped, as a fraction of the step
+(hooks/stopped.py: a rank stopped from outside uses no more CPU time, and most of its
+stops land inside a collective, where every rank waits anyway, so neither other signal
+moves enough).
 
 Per signal, the bar is the run's own rank-to-rank spread, not a fixed percentage: a
 robust sigma of the excesses (1.4826 x the median over recent steps of the cohort's median absolute
@@ -45,7 +47,7 @@ from .alerts import Alert
 from .attribution import MAD_TO_SIGMA
 from .detectors import data_query
 from .rolling import median as fast_median
-from .runinfo import name_rank, name_ranks
+from .runinfo import host_is_device, name_rank, name_ranks
 from .views import RankView, StepView
 
 SECTION = "straggler"
@@ -579,7 +581,9 @@ class StragglerDetector:
             self._arrival.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))
         else:
             self._arrival.put(row, spread_row, None, zeros)
-        for signal, own_s in ((self._data, r.data_time_s), (self._stopped, r.stopped_time_s)):
+        # On an accelerator the host's data time also holds its waits for the device.
+        data_s = r.data_time_s if host_is_device(s.run.device_type) else None
+        for signal, own_s in ((self._data, data_s), (self._stopped, r.stopped_time_s)):
             if own_s is not None and s.step_time_s > 0 and np.isfinite(own_s).all():
                 x = share_excess(own_s, s.step_time_s)
                 signal.put(row, spread_row, x, np.maximum(0.0, x * s.step_time_s))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from trainvitals.analyzer.runinfo import host_is_device
 from trainvitals.analyzer.views import COLLECTIVE_TIMES
 from trainvitals.dashboard import charts, derive
 from trainvitals.dashboard.client import CollectorClient, RunSummary, Series
@@ -135,12 +136,12 @@ def render(data: RanksData, run: RunSummary, window: Window) -> None:
             )
         else:
             st.info("This run did not report the time each rank waits at synchronisation.")
-    slowest_ranks(data, time_name, run.tp or 1)
+    slowest_ranks(data, time_name, run)
     device_charts(data.device, run)
     collective_charts(data.collectives, data.idle_collectives)
 
 
-def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
+def slowest_ranks(data: RanksData, time_name: str, run: RunSummary) -> None:
     st.subheader("Slowest ranks")
     means = data.busy_means
     costs = derive.rank_costs(
@@ -148,17 +149,17 @@ def slowest_ranks(data: RanksData, time_name: str, tp: int) -> None:
         means.bucket_steps,
         waits=data.wait_means.frame,
         step_times=data.step_means.frame,
-        tp=tp,
+        tp=run.tp or 1,
         stopped=data.stopped_means.frame,
         collectives=tuple(series.frame for series in data.collective_means),
-        data=data.data_means.frame,
+        data=data.data_means.frame if host_is_device(run.device_type) else None,
     )
     st.caption(
         "Judged as the straggler detector judges them, each bucket a step, by its signals: "
         f"its {time_name} over the median rank's (confirmed by arriving last at the step's "
         "end), how much later than the median rank it arrived at the step's end and in the "
-        "model's collectives, how much longer it waited for its data, and (CPU ranks) how "
-        "much longer its process was stopped, each as a share of the step. A straggler "
+        "model's collectives, and (CPU ranks) how much longer it waited for its data and "
+        "how much longer its process was stopped, each as a share of the step. A straggler "
         "cleared a signal's bar (this window's rank-to-rank spread) in "
         "most buckets of the detector's persistence window somewhere in this window; the "
         "others follow by how far they came to a bar. The cost is the time each spent "

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import kill_job, patience_s, run_trainer, wait_until
 from trainvitals.analyzer import Analyzer
+from trainvitals.analyzer.runinfo import RunInfo
 from trainvitals.analyzer.straggler import (
     StragglerDetector,
     StragglerSettings,
@@ -529,6 +530,11 @@ def test_a_rank_waiting_for_its_data_is_named_by_its_data_time() -> None:
     ]
     assert rows(blind) == []
     assert rows(data_cohort(1000, 8, {}, seed=4)) == []
+    # On a GPU run the host's data time also holds its waits for the device: not judged.
+    gpu = RunInfo(device_type="cuda")
+    assert rows(dataclasses.replace(v, run=gpu) for v in views) == []
+    cpu = RunInfo(device_type="cpu")
+    assert [a.rank for a in rows(dataclasses.replace(v, run=cpu) for v in views)] == [1]
 
 
 def test_stops_that_end_resolve_and_noise_is_not_a_stop() -> None:

@@ -1,0 +1,188 @@
+"""Divergences of the reference trainer itself, slow and fast, scored against its own
+clean run.
+
+bench/loss_curves.py scores the loss detectors on curves a script draws. Here the curves
+are real: 4 CPU ranks (dp 2 x tp 2) train the same model on the same data, once clean and
+once per `--inject diverge:step=150,growth=G` (from step 150 the learning rate grows G x a
+step, up to 10,000x: an optimiser tipping into instability, slowly for G near 1). The
+runs share a seed, so until step 150 their losses are the same, and afterwards the clean
+run's loss is what the diverging run's would have been.
+
+The onset of a divergence is not its fault's step: a learning rate growing 2% a step
+first trains faster, and the loss climbs only once the rate crosses what the model
+tolerates. So each run reports, from the losses of both runs (a 9-step median of each),
+the first step after which the diverging run stays over the clean one by 5% ("+5%") and
+by 10%, and the first alert of a loss kind after the fault: latency from the fault and
+from +5%. Any loss alert in the clean run, or before the fault, is false. Loaded runs
+train beside 8 busy processes on 2 cores (the analyzer judges the logged losses, so the
+load changes nothing but the timing; it is there to show that).
+
+    python bench/real_divergence.py [--only NAME,...] [--real-dir DIR] [--out FILE]
+
+The telemetry files are kept in --real-dir and reused. The last line is the headline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import orjson
+from detect import RealRun, train  # bench/, run as a script
+
+from trainvitals.analyzer import Analyzer
+from trainvitals.analyzer.alerts import Alert
+from trainvitals.schema import to_arrow
+
+FAULT_STEP = 150
+STEPS = 450
+LOSS_KINDS = ("loss_spike", "loss_diverging", "nonfinite")
+SMOOTH_STEPS = 9  # the median that tells a climb from one noisy step
+WITHIN_STEPS = 50  # the issue's target: flagged within this many steps of the onset
+
+
+def _run(growth: float | None, loaded: bool) -> RealRun:
+    injects = () if growth is None else (f"diverge:step={FAULT_STEP},growth={growth}",)
+    return RealRun(injects, STEPS, loaded, extra=("--seed", "11"))
+
+
+GROWTHS = (1.01, 1.02, 1.05, 1.1, 1.3)
+RUNS = {"clean": _run(None, False), "loaded-clean": _run(None, True)}
+for g in GROWTHS:
+    RUNS[f"growth{g}"] = _run(g, False)
+RUNS["loaded-growth1.02"] = _run(1.02, True)
+RUNS["loaded-growth1.1"] = _run(1.1, True)
+
+
+def read(path: Path) -> tuple[dict[int, float], list[Alert]]:
+    """The run's logged loss per step, and every alert the analyzer raises on it."""
+    analyzer, losses, alerts = Analyzer(), {}, []
+    for line in path.read_bytes().splitlines():
+        run_id, tables = to_arrow(orjson.loads(line))
+        if "steps" in tables:
+            cols = tables["steps"].select(["step", "loss"]).to_pydict()
+            losses.update(zip(cols["step"], cols["loss"], strict=True))
+        alerts += analyzer.observe(run_id, tables)
+    return losses, alerts
+
+
+def smoothed(losses: dict[int, float], steps: np.ndarray) -> np.ndarray:
+    """A centred SMOOTH_STEPS-step median of the losses at `steps` (NaN where missing)."""
+    x = np.array([losses.get(int(s), np.nan) for s in steps], dtype="float64")
+    half = SMOOTH_STEPS // 2
+    padded = np.pad(x, half, constant_values=np.nan)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, SMOOTH_STEPS)
+    with np.errstate(all="ignore"):
+        return np.nanmedian(windows, axis=1)
+
+
+def stays_over(ratio: np.ndarray, steps: np.ndarray, by: float) -> int | None:
+    """The first step from which `ratio` (diverging / clean) stays over 1 + `by` to the
+    run's end (or to its first non-finite loss); None if it never does."""
+    finite = np.isfinite(ratio)
+    end = int(np.argmin(finite)) if not finite.all() else len(ratio)
+    over = ratio[:end] > 1 + by
+    if not len(over) or not over[-1]:
+        return None
+    below = np.flatnonzero(~over)
+    return int(steps[below[-1] + 1]) if len(below) else int(steps[0])
+
+
+def judge(name: str, losses: dict[int, float], alerts: list[Alert], clean: dict[int, float]):
+    """Lines of the report, whether the run diverged (its loss stayed 5% over the clean
+    run's), the first alert's latency from there (None: none), false alerts."""
+    raised = [a for a in alerts if a.kind in LOSS_KINDS and a.severity != "resolved"]
+    if not RUNS[name].injects:
+        lines = [f"{name}: clean, {len(raised)} loss alerts (every one false)"]
+        lines += [f"    FALSE {a.kind} at step {a.step}: {a.message[:150]}" for a in raised]
+        return lines, False, None, len(raised)
+    false = [a for a in raised if a.step < FAULT_STEP]
+    after = [a for a in raised if a.step >= FAULT_STEP]
+    steps = np.arange(FAULT_STEP, STEPS)
+    with np.errstate(all="ignore"):
+        ratio = smoothed(losses, steps) / smoothed(clean, steps)
+    onset5, onset10 = stays_over(ratio, steps, 0.05), stays_over(ratio, steps, 0.10)
+    peak = float(np.nanmax(ratio)) if np.isfinite(ratio).any() else float("nan")
+    head = (
+        f"{name}: the loss stays over the clean run's by 5% from step {onset5}, by 10% from "
+        f"{onset10}; at most {peak:.2f}x it"
+    )
+    lines = [head]
+    latency = None
+    if after:
+        first = after[0]
+        since5 = "n/a" if onset5 is None else f"{first.step - onset5:+d}"
+        since_fault = first.step - FAULT_STEP
+        lines.append(
+            f"    first alert: {first.kind} at step {first.step} (fault +{since_fault}, "
+            f"+5% {since5}): {first.message[:150]}"
+        )
+        latency = None if onset5 is None else first.step - onset5
+    else:
+        lines.append("    no loss alert after the fault" + (" (MISSED)" if onset5 else ""))
+    lines += [f"    FALSE {a.kind} at step {a.step}: {a.message[:150]}" for a in false]
+    return lines, onset5 is not None, latency, len(false)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help=f"comma-separated among {','.join(RUNS)}")
+    p.add_argument(
+        "--real-dir", default=str(Path(tempfile.gettempdir()) / "trainvitals-divergence"),
+        help="telemetry files of the runs (made once, then reused)",
+    )  # fmt: skip
+    p.add_argument("--out", help="also write the report here")
+    args = p.parse_args()
+    names = args.only.split(",") if args.only else list(RUNS)
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        p.error(f"--only: no run {unknown[0]!r} (runs: {', '.join(RUNS)})")
+    out_dir = Path(args.real_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "$ python bench/real_divergence.py " + " ".join(sys.argv[1:]),
+        f"# {os.cpu_count()} cores, 1-min load average {os.getloadavg()[0]:.1f} at the start",
+    ]
+
+    def telemetry(name: str) -> tuple[Path, str]:
+        path = out_dir / f"{name}.jsonl"
+        return path, (train(name, RUNS[name], path) if not path.exists() else f"reused {path}")
+
+    clean_path, note = telemetry("clean")  # every divergence is measured against it
+    clean_losses, _ = read(clean_path)
+    lines.append(f"# the clean run: {note}")
+    latencies: list[int] = []
+    diverged = missed = false = 0
+    for name in names:
+        path, note = telemetry(name)
+        losses, alerts = read(path)
+        report, climbed, latency, f = judge(name, losses, alerts, clean_losses)
+        lines += [f"{report[0]} ({note})", *report[1:]]
+        false += f
+        if climbed:
+            diverged += 1
+            if latency is None:
+                missed += 1
+            else:
+                latencies.append(latency)
+    within = sum(1 for x in latencies if x <= WITHIN_STEPS)
+    median = f"{statistics.median(latencies):.0f}" if latencies else "n/a"
+    worst = f"{max(latencies)}" if latencies else "n/a"
+    lines.append(
+        f"real divergences: {diverged - missed}/{diverged} flagged, {within} within "
+        f"{WITHIN_STEPS} steps of +5%, latency from +5% median {median}, worst {worst} "
+        f"steps; {false} false loss alerts"
+    )
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
