@@ -8,14 +8,22 @@ step, up to 10,000x: an optimiser tipping into instability, slowly for G near 1)
 runs share a seed, so until step 150 their losses are the same, and afterwards the clean
 run's loss is what the diverging run's would have been.
 
-The onset of a divergence is not its fault's step: a learning rate growing 2% a step
-first trains faster, and the loss climbs only once the rate crosses what the model
-tolerates. So each run reports, from the losses of both runs (a 9-step median of each),
-the first step after which the diverging run stays over the clean one by 5% ("+5%") and
-by 10%, and the first alert of a loss kind after the fault: latency from the fault and
-from +5%. Any loss alert in the clean run, or before the fault, is false. Loaded runs
-train beside 8 busy processes on 2 cores (the analyzer judges the logged losses, so the
-load changes nothing but the timing; it is there to show that).
+The onset of a divergence is not its fault's step: a learning rate growing 1-2% a step
+first trains about as well, and the loss climbs only once the rate crosses what the model
+tolerates. Each run reports, from a 9-step median of the losses:
+- the first step after which its loss stays over the clean run's by 5% and by 10% (what
+  the user loses; a run that merely trains slower gets there too, without a climb);
+- the first step after which its loss stays 5% over its own lowest level since the fault
+  ("climbs"), and whether it ever stays 10% over it: a divergence a detector that sees
+  only this run can be asked to flag;
+- the first loss alert after the fault, and the first that says the run diverges
+  (`loss_diverging`, or `nonfinite` once the loss overflows): their latency from the
+  fault and from the climb.
+A run that climbs 10% and has no divergence alert is missed (a `loss_spike` says that a
+step went wrong, not that the run keeps going wrong). Any loss alert in the clean run, or
+before the fault, is false. Loaded runs train beside 8 busy processes on 2 cores (the
+analyzer judges the logged losses, so the load changes only the timing; it is there to
+show that).
 
     python bench/real_divergence.py [--only NAME,...] [--real-dir DIR] [--out FILE]
 
@@ -42,6 +50,7 @@ from trainvitals.schema import to_arrow
 FAULT_STEP = 150
 STEPS = 450
 LOSS_KINDS = ("loss_spike", "loss_diverging", "nonfinite")
+DIVERGENCE_KINDS = ("loss_diverging", "nonfinite")
 SMOOTH_STEPS = 9  # the median that tells a climb from one noisy step
 WITHIN_STEPS = 50  # the issue's target: flagged within this many steps of the onset
 
@@ -94,8 +103,9 @@ def stays_over(ratio: np.ndarray, steps: np.ndarray, by: float) -> int | None:
 
 
 def judge(name: str, losses: dict[int, float], alerts: list[Alert], clean: dict[int, float]):
-    """Lines of the report, whether the run diverged (its loss stayed 5% over the clean
-    run's), the first alert's latency from there (None: none), false alerts."""
+    """Lines of the report, whether the run climbed (its loss stayed 10% over its own
+    lowest since the fault), the first alert's latency from the climb's start (None:
+    none), false alerts."""
     raised = [a for a in alerts if a.kind in LOSS_KINDS and a.severity != "resolved"]
     if not RUNS[name].injects:
         lines = [f"{name}: clean, {len(raised)} loss alerts (every one false)"]
@@ -104,29 +114,35 @@ def judge(name: str, losses: dict[int, float], alerts: list[Alert], clean: dict[
     false = [a for a in raised if a.step < FAULT_STEP]
     after = [a for a in raised if a.step >= FAULT_STEP]
     steps = np.arange(FAULT_STEP, STEPS)
+    own = smoothed(losses, steps)
     with np.errstate(all="ignore"):
-        ratio = smoothed(losses, steps) / smoothed(clean, steps)
-    onset5, onset10 = stays_over(ratio, steps, 0.05), stays_over(ratio, steps, 0.10)
+        ratio = own / smoothed(clean, steps)
+        climb = own / np.fmin.accumulate(np.where(np.isfinite(own), own, np.inf))
+    lost5, lost10 = stays_over(ratio, steps, 0.05), stays_over(ratio, steps, 0.10)
+    climb5, climbed = stays_over(climb, steps, 0.05), stays_over(climb, steps, 0.10) is not None
     peak = float(np.nanmax(ratio)) if np.isfinite(ratio).any() else float("nan")
-    head = (
-        f"{name}: the loss stays over the clean run's by 5% from step {onset5}, by 10% from "
-        f"{onset10}; at most {peak:.2f}x it"
-    )
-    lines = [head]
+    lines = [
+        f"{name}: over the clean run's loss by 5% from step {lost5}, by 10% from {lost10} "
+        f"(at most {peak:.3g}x); climbs 5% over its own lowest from step {climb5}"
+        + ("" if climbed else ", never stays 10% over it (no climb to flag)")
+    ]
     latency = None
-    if after:
-        first = after[0]
-        since5 = "n/a" if onset5 is None else f"{first.step - onset5:+d}"
-        since_fault = first.step - FAULT_STEP
+    diverging = [a for a in after if a.kind in DIVERGENCE_KINDS]
+    for what, hits in (("first alert", after), ("first divergence alert", diverging)):
+        if not hits:
+            continue
+        first = hits[0]
+        since = "n/a" if climb5 is None else f"{first.step - climb5:+d}"
         lines.append(
-            f"    first alert: {first.kind} at step {first.step} (fault +{since_fault}, "
-            f"+5% {since5}): {first.message[:150]}"
+            f"    {what}: {first.kind} at step {first.step} (fault "
+            f"+{first.step - FAULT_STEP}, climb {since}): {first.message[:150]}"
         )
-        latency = None if onset5 is None else first.step - onset5
-    else:
-        lines.append("    no loss alert after the fault" + (" (MISSED)" if onset5 else ""))
+        if what == "first divergence alert" and climb5 is not None:
+            latency = first.step - climb5
+    if not diverging:
+        lines.append("    no divergence alert after the fault" + (" (MISSED)" if climbed else ""))
     lines += [f"    FALSE {a.kind} at step {a.step}: {a.message[:150]}" for a in false]
-    return lines, onset5 is not None, latency, len(false)
+    return lines, climbed, latency, len(false)
 
 
 def main() -> None:
@@ -174,9 +190,9 @@ def main() -> None:
     median = f"{statistics.median(latencies):.0f}" if latencies else "n/a"
     worst = f"{max(latencies)}" if latencies else "n/a"
     lines.append(
-        f"real divergences: {diverged - missed}/{diverged} flagged, {within} within "
-        f"{WITHIN_STEPS} steps of +5%, latency from +5% median {median}, worst {worst} "
-        f"steps; {false} false loss alerts"
+        f"real divergences (runs whose loss climbed 10%): {diverged - missed}/{diverged} "
+        f"flagged, {within} within {WITHIN_STEPS} steps of the climb's start, latency from "
+        f"it median {median}, worst {worst} steps; {false} false loss alerts"
     )
     text = "\n".join(lines)
     print(text)

@@ -129,6 +129,9 @@ def test_a_divergence_during_the_warm_up_is_flagged_when_the_gradient_norm_grows
         ([1e-4, 2e-4, 3e-4, 3e-4, 3e-4, 3e-4], [True, True, True, True, True, False]),
         # a decay is no warm-up; nor is rounding of a constant learning rate
         ([1e-3, 9e-4, 8e-4, 1e-3 * (1 + 1e-4)], [True, True, True, False]),
+        # a climb to new peaks after the schedule decayed (under 90% of its peak) is a
+        # runaway, not a warm-up: only the first warm-up's grace is left
+        ([1e-3, 8e-4, 7e-4, 6e-4, 1.2e-3, 1.5e-3], [True, True, True, False, False, False]),
         # an unreported learning rate changes nothing
         ([math.nan, math.nan, 1e-3, math.nan, math.nan], [False, False, True, True, True]),
     ],
