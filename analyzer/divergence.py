@@ -35,6 +35,13 @@ _MEDIAN_SE = math.sqrt(math.pi / 2)
 _WANDER_STEPS = 500
 _WANDER_MIN = 50
 _WANDER_TO_SE = 1.12
+# ... less the trend's part in it: on a falling loss the level leads the slower level by
+# the trend times the 20 steps between their centres, which is no wander. The trend is the
+# slower level's change over this many healthy steps. Without it, after a loss fell 10x in
+# its first 150 steps (the reference trainer) the distances of the fall made the level's
+# error 0.1-0.27 in log, and a real climb of 25-50% raised nothing for 250 steps
+# (bench/real_divergence.py). White noise adds 3% to the distance's variance through it.
+_TREND_STEPS = 50
 # Healthy steps whose offsets are known before the baseline is raised by their median.
 _OFFSET_MIN = 50
 # Interquartile range of a normal distribution, in standard deviations.
@@ -287,7 +294,7 @@ class DivergenceDetector:
     _diffs: RollingWindow = field(init=False, repr=False)
     _lows: _LowestOf = field(init=False, repr=False)
     _offsets: RollingWindow = field(init=False, repr=False)  # healthy slower level - lowest
-    _wander: RollingWindow = field(init=False, repr=False)  # healthy level - slower level
+    _wander: RollingWindow = field(init=False, repr=False)  # level - slower level - trend
     _restarts: WarmRestarts = field(init=False, repr=False)
     _warmup: WarmUp = field(init=False, repr=False)
     _warming: bool = False  # the learning rate is warming up: a loss rise is expected
@@ -321,6 +328,7 @@ class DivergenceDetector:
         self._lows = _LowestOf(cfg.baseline_window)
         self._offsets = RollingWindow(max(cfg.baseline_offset_window, 1))
         self._wander = RollingWindow(_WANDER_STEPS)
+        self._slows: deque[float] = deque(maxlen=_TREND_STEPS + 1)  # healthy slower levels
         self._restarts = WarmRestarts(cfg.restart_lr_ratio)
         self._warmup = WarmUp(cfg.warmup_grace_steps)
         self._recent = deque(maxlen=cfg.level_window + 1)
@@ -432,6 +440,17 @@ class DivergenceDetector:
             return lowest
         return lowest + self._offsets.median()
 
+    def _push_wander(self, level: float) -> None:
+        """A healthy step's wander: the level's distance from the slower level, less what
+        the trend puts between them (once _TREND_STEPS healthy steps show the trend)."""
+        slow = self._slow_level.median()
+        self._slows.append(slow)
+        if len(self._slows) <= _TREND_STEPS:
+            return
+        trend = (self._slows[-1] - self._slows[0]) / _TREND_STEPS  # per logged step
+        lead_steps = (self.settings.baseline_level_window - self.settings.level_window) / 2
+        self._wander.push(level - slow - lead_steps * trend)
+
     def _wander_se(self) -> float:
         """The level's standard error from its own wander while healthy: the robust spread
         (interquartile range) of its distance from the slower level; 0 until
@@ -466,7 +485,7 @@ class DivergenceDetector:
         se = max(_MEDIAN_SE * sigma / math.sqrt(len(self._level)), self._wander_se())
         frozen = self._onset is not None and level - self._onset.baseline > cfg.healthy_z * se
         if not frozen:
-            self._wander.push(level - self._slow_level.median())
+            self._push_wander(level)
             baseline = self._lowest_slow()
         else:
             baseline = self._onset.baseline
