@@ -6,7 +6,9 @@ are real: 4 CPU ranks (dp 2 x tp 2) train the same model on the same data, once 
 once per `--inject diverge:step=150,growth=G` (from step 150 the learning rate grows G x a
 step, up to 10,000x: an optimiser tipping into instability, slowly for G near 1). The
 runs share a seed, so until step 150 their losses are the same, and afterwards the clean
-run's loss is what the diverging run's would have been.
+run's loss is what the diverging run's would have been. Two more diverge from step 400 of
+700 (`late-*`, against a clean 700-step run: the schedule depends on the length), where
+the loss has long stopped falling fast.
 
 The onset of a divergence is not its fault's step: a learning rate growing 1-2% a step
 first trains about as well, and the loss climbs only once the rate crosses what the model
@@ -37,6 +39,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,25 +50,35 @@ from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.alerts import Alert
 from trainvitals.schema import to_arrow
 
-FAULT_STEP = 150
-STEPS = 450
 LOSS_KINDS = ("loss_spike", "loss_diverging", "nonfinite")
 DIVERGENCE_KINDS = ("loss_diverging", "nonfinite")
 SMOOTH_STEPS = 9  # the median that tells a climb from one noisy step
 WITHIN_STEPS = 50  # the issue's target: flagged within this many steps of the onset
 
 
-def _run(growth: float | None, loaded: bool) -> RealRun:
-    injects = () if growth is None else (f"diverge:step={FAULT_STEP},growth={growth}",)
-    return RealRun(injects, STEPS, loaded, extra=("--seed", "11"))
+@dataclass(frozen=True)
+class Case:
+    run: RealRun
+    fault_step: int | None  # None: a clean run
+    clean: str  # the clean run of the same length (the same schedule) it is measured against
 
 
-GROWTHS = (1.01, 1.02, 1.05, 1.1, 1.3)
-RUNS = {"clean": _run(None, False), "loaded-clean": _run(None, True)}
-for g in GROWTHS:
-    RUNS[f"growth{g}"] = _run(g, False)
-RUNS["loaded-growth1.02"] = _run(1.02, True)
-RUNS["loaded-growth1.1"] = _run(1.1, True)
+def _case(growth: float | None, loaded: bool = False, steps: int = 450, at: int = 150) -> Case:
+    """A run of `steps` steps whose learning rate grows `growth` x a step from `at`."""
+    injects = () if growth is None else (f"diverge:step={at},growth={growth}",)
+    run = RealRun(injects, steps, loaded, extra=("--seed", "11"))
+    return Case(run, None if growth is None else at, "clean" if steps == 450 else f"clean{steps}")
+
+
+RUNS = {"clean": _case(None), "loaded-clean": _case(None, loaded=True)}
+for g in (1.01, 1.02, 1.05, 1.1, 1.3):
+    RUNS[f"growth{g}"] = _case(g)
+RUNS["loaded-growth1.02"] = _case(1.02, loaded=True)
+RUNS["loaded-growth1.1"] = _case(1.1, loaded=True)
+# Long after the first fall: 700 steps, from step 400, where the loss has flattened.
+RUNS["clean700"] = _case(None, steps=700)
+for g in (1.02, 1.05):
+    RUNS[f"late-growth{g}"] = _case(g, steps=700, at=400)
 
 
 def read(path: Path) -> tuple[dict[int, float], list[Alert]]:
@@ -107,13 +120,15 @@ def judge(name: str, losses: dict[int, float], alerts: list[Alert], clean: dict[
     lowest since the fault), the first alert's latency from the climb's start (None:
     none), false alerts."""
     raised = [a for a in alerts if a.kind in LOSS_KINDS and a.severity != "resolved"]
-    if not RUNS[name].injects:
+    case = RUNS[name]
+    if case.fault_step is None:
         lines = [f"{name}: clean, {len(raised)} loss alerts (every one false)"]
         lines += [f"    FALSE {a.kind} at step {a.step}: {a.message[:150]}" for a in raised]
         return lines, False, None, len(raised)
-    false = [a for a in raised if a.step < FAULT_STEP]
-    after = [a for a in raised if a.step >= FAULT_STEP]
-    steps = np.arange(FAULT_STEP, STEPS)
+    fault = case.fault_step
+    false = [a for a in raised if a.step < fault]
+    after = [a for a in raised if a.step >= fault]
+    steps = np.arange(fault, case.run.steps)
     own = smoothed(losses, steps)
     with np.errstate(all="ignore"):
         ratio = own / smoothed(clean, steps)
@@ -135,7 +150,7 @@ def judge(name: str, losses: dict[int, float], alerts: list[Alert], clean: dict[
         since = "n/a" if climb5 is None else f"{first.step - climb5:+d}"
         lines.append(
             f"    {what}: {first.kind} at step {first.step} (fault "
-            f"+{first.step - FAULT_STEP}, climb {since}): {first.message[:150]}"
+            f"+{first.step - fault}, climb {since}): {first.message[:150]}"
         )
         if what == "first divergence alert" and climb5 is not None:
             latency = first.step - climb5
@@ -167,17 +182,21 @@ def main() -> None:
 
     def telemetry(name: str) -> tuple[Path, str]:
         path = out_dir / f"{name}.jsonl"
-        return path, (train(name, RUNS[name], path) if not path.exists() else f"reused {path}")
+        made = train(name, RUNS[name].run, path) if not path.exists() else f"reused {path}"
+        return path, made
 
-    clean_path, note = telemetry("clean")  # every divergence is measured against it
-    clean_losses, _ = read(clean_path)
-    lines.append(f"# the clean run: {note}")
+    cleans: dict[str, dict[int, float]] = {}  # every divergence is measured against one
     latencies: list[int] = []
     diverged = missed = false = 0
     for name in names:
+        clean = RUNS[name].clean
+        if clean not in cleans:
+            clean_path, clean_note = telemetry(clean)
+            cleans[clean] = read(clean_path)[0]
+            lines.append(f"# the clean run {clean}: {clean_note}")
         path, note = telemetry(name)
         losses, alerts = read(path)
-        report, climbed, latency, f = judge(name, losses, alerts, clean_losses)
+        report, climbed, latency, f = judge(name, losses, alerts, cleans[clean])
         lines += [f"{report[0]} ({note})", *report[1:]]
         false += f
         if climbed:
