@@ -89,10 +89,13 @@ class StepTimer:
         self._done: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=8)
         self._last_gpu_s = math.nan  # the last finished step's, for a report with none new
         self._handles = [
-            # First among the root's pre-forward hooks: FSDP's runs the root's all-gather
-            # and waits in it for the slowest rank, which is no data time. Without it a
-            # rank's data-parallel peers showed its slow data loading as their own.
-            model.register_forward_pre_hook(self._forward_start, prepend=True),
+            # The data time ends first among the root's pre-forward hooks: FSDP's runs the
+            # root's all-gather and waits in it for the slowest rank, which is no data
+            # time (counted, a rank's data-parallel peers showed its slow data loading as
+            # their own). The CUDA span starts after it, as before: on the device that
+            # wait is for the others, not this rank's work.
+            model.register_forward_pre_hook(self._data_end, prepend=True),
+            model.register_forward_pre_hook(self._forward_start),
             register_optimizer_step_post_hook(self._optimizer_end),
         ]
 
@@ -103,11 +106,14 @@ class StepTimer:
         self._boundary_s = self._wall()
         return self._boundary_s
 
+    def _data_end(self, _module: nn.Module, _args: Any) -> None:
+        if math.isnan(self._data_time_s):  # the step's first forward (gradient accumulation)
+            self._data_time_s = self._wall() - self._boundary_s
+
     def _forward_start(self, _module: nn.Module, _args: Any) -> None:
         if self._forward_seen:
             return
         self._forward_seen = True
-        self._data_time_s = self._wall() - self._boundary_s
         if self.cuda:
             if len(self._span) == 2:
                 self._done.append((self._span[0], self._span[1]))

@@ -63,6 +63,27 @@ def test_a_logged_step_reports_the_mean_since_the_last_logged_one(timed) -> None
     assert got["data_time_s"] == pytest.approx(0.05)
 
 
+def test_a_wait_in_an_earlier_pre_forward_hook_is_not_data_time() -> None:
+    # FSDP's root pre-forward hook, registered when the model was sharded (before the
+    # monitor attached), runs the root's all-gather and waits in it for the slowest rank:
+    # 0.3 s here. Counted as data time, a rank's data-parallel peers showed its slow data
+    # loading as their own.
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    wall, cpu = Clock(), Clock()
+
+    def all_gather(_module, _args) -> None:
+        wall.now_s += 0.3
+
+    model.register_forward_pre_hook(all_gather)
+    timer = StepTimer(model, torch.device("cpu"), wall_clock=wall, cpu_clock=cpu)
+    try:
+        _run_steps(timer, model, opt, wall, cpu, [(0.05, 0.1)])
+        assert timer.collect(step=0, steps=1)["data_time_s"] == pytest.approx(0.05)
+    finally:
+        timer.close()
+
+
 def test_a_logged_step_reports_the_mean_time_stopped_since_the_last_one(timed) -> None:
     timer, model, opt, wall, cpu = timed
     _run_steps(timer, model, opt, wall, cpu, [(0.0, 0.1)])
