@@ -61,12 +61,18 @@ class Shape:
     note: str
 
 
-def _on_off(loaded: bool) -> Shape:
-    """Rank 1 25% slower for 60 steps, three times, 60 steps apart."""
+def _on_off(loaded: bool, how: str = "busy") -> Shape:
+    """Rank 1 25% slower for 60 steps, three times, 60 steps apart (`how=data`: waiting
+    its whole compute time for its data instead, about 20% of a step)."""
     starts, length = (40, 160, 280), 60
-    injects = tuple(f"straggler:rank=1,step={s},slowdown=0.25,until={s + length}" for s in starts)
+    slowdown = 1 if how == "data" else 0.25
+    injects = tuple(
+        f"straggler:rank=1,step={s},slowdown={slowdown},until={s + length},how={how}"
+        for s in starts
+    )
     episodes = tuple(Episode((1,), s, s + length) for s in starts)
-    return Shape(RealRun(injects, starts[-1] + length + 60, loaded), episodes, "on and off")
+    note = "on and off" + (", waiting for data" if how == "data" else "")
+    return Shape(RealRun(injects, starts[-1] + length + 60, loaded), episodes, note)
 
 
 def _ramp(loaded: bool) -> Shape:
@@ -128,6 +134,7 @@ SHAPES = {
     "data": _data(True, False),
     "quiet-data": _data(False, False),
     "data-dp4": _data(True, True),
+    "quiet-data-on-off": _on_off(False, "data"),
     "quiet-data-dp4": _data(False, True),
     "clean-dp4-a": _clean("7"),
     "clean-dp4-b": _clean("8"),
