@@ -449,9 +449,11 @@ def test_real_run_logged_every_4_steps(tmp_path: Path) -> None:
                  "--inject", "straggler:rank=1,step=20,slowdown=0.5"], nproc=4)  # fmt: skip
     alerts = _straggler_alerts(out)
     assert [(a.rank, a.severity) for a in alerts] == [(1, "warning")]
-    # Its onset: step 20, or the logged step before it when that one cleared the bar by
-    # noise (no rule can tell it from the slowdown's start): 16 once in a CI run, 20 in 11 reruns.
-    assert alerts[0].start_step >= 20 - 4
+    # Its onset: step 20, or a logged step before it when those cleared the bar by noise
+    # (no rule can tell them from the slowdown's start): 16 once in a CI run, 12 once
+    # beside a test suite and a training bench (load about 5 on 2 cores), 20 in 11 quiet
+    # reruns and in 4 beside 4 busy loops.
+    assert alerts[0].start_step >= 20 - 2 * 4
 
 
 def stopped_cohort(steps: int, ranks: int, stopped: dict[int, tuple[int, float]], seed: int = 0):
