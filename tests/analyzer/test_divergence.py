@@ -427,7 +427,7 @@ def test_a_wandering_flat_loss_is_judged_from_its_typical_level_not_its_lowest()
     # 50-step wander up looked like a climb: 94 alerts in these 10 runs at 12% noise and a
     # 5% wander, 17 at 2% and 2%. Raised by the level's typical offset above that low, it
     # is the plateau's level. A +50% climb on the same wander is still flagged within 150
-    # steps. (At 2% noise and a 5% wander, still 42 alerts: docs/benchmarks.md.)
+    # steps. (At 2% noise and a 5% wander, still 36 alerts: docs/benchmarks.md.)
     for noise, spread, most in ((0.12, 0.05, 2), (0.02, 0.02, 4)):
         false = [s for seed in range(10) for s in _diverging(_wandering(seed, noise, spread))]
         assert len(false) <= most, (noise, spread, false)
