@@ -156,6 +156,17 @@ def _beats(run_id: str, ranks: list[int], finished: int, received_s: float, phas
     return heartbeats_to_arrow({**doc, "run_id": run_id}, received_s)[1]
 
 
+def _a_step_every_5_s(watchdog, now: list[float], run_ids: tuple[str, ...]) -> None:
+    """Runs of 3 ranks that finish steps 0-10, one every 5 s from now[0] (the watchdog's
+    clock, moved here), each heard and judged at once."""
+    t0 = now[0]
+    for k in range(11):
+        now[0] = t0 + 5 * k
+        for run_id in run_ids:
+            watchdog.observe(run_id, _beats(run_id, [0, 1, 2], k, now[0]))
+        watchdog.tick()
+
+
 def test_a_restarted_collector_rebuilds_the_watchdog_from_the_stored_heartbeats(
     settings,
 ) -> None:
@@ -175,11 +186,7 @@ def test_a_restarted_collector_rebuilds_the_watchdog_from_the_stored_heartbeats(
     clock = lambda: now[0]  # noqa: E731
     with TestClient(create_app(settings, watchdog_clock=clock)) as client:
         watchdog = client.app.state.watchdog
-        for k in range(11):
-            now[0] = t0 + 5 * k
-            for run_id in ("a", "b", "c"):
-                watchdog.observe(run_id, _beats(run_id, [0, 1, 2], k, now[0]))
-            watchdog.tick()
+        _a_step_every_5_s(watchdog, now, ("a", "b", "c"))
         assert client.app.state.store.query("SELECT * FROM alerts").num_rows == 0
     now[0] = t0 + 1000
     with TestClient(create_app(settings, watchdog_clock=clock)) as client:
@@ -240,10 +247,7 @@ def test_a_restarted_collector_keeps_the_pause_lengths_the_run_came_back_from(
     clock = lambda: now[0]  # noqa: E731
     with TestClient(create_app(settings, watchdog_clock=clock)) as client:
         store, watchdog = client.app.state.store, client.app.state.watchdog
-        for k in range(11):
-            now[0] = t0 + 5 * k
-            watchdog.observe("p", _beats("p", [0, 1, 2], k, now[0]))
-            watchdog.tick()
+        _a_step_every_5_s(watchdog, now, ("p",))
         pauses = [(3, "checkpoint", 70.0), (6, "checkpoint", 90.0), (8, "eval", 2000.0)]
         store.submit("p", {"events": _pause_events("p", pauses)}).result()
         hang = Alert("p", 8, "hang", "critical", "hung", t0 + 40)
