@@ -8,7 +8,9 @@ from typing import Any
 RESOLVED = "resolved"  # severity of the row that ends an episode
 # Kinds whose alert opens an episode that stays active until a "resolved" row of the same
 # kind and rank ends it (the others are one-off events: a spike, a fingerprint mismatch).
-EPISODE_KINDS = frozenset({"straggler", "rank_lost", "hang", "loss_diverging", "ranks_missing"})
+EPISODE_KINDS = frozenset(
+    {"straggler", "intermittent_straggler", "rank_lost", "hang", "loss_diverging", "ranks_missing"}
+)
 
 
 @dataclass(frozen=True)

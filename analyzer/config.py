@@ -32,6 +32,7 @@ from typing import Any
 from .attribution import LayerAttributionSettings
 from .detectors import LossSpikeSettings, NonFiniteSettings
 from .divergence import DivergenceSettings
+from .intermittent import IntermittentSettings
 from .liveness import LivenessSettings
 from .replica import ReplicaSettings
 from .sdc import CanarySettings, PeerOutlierSettings
@@ -51,6 +52,7 @@ class AnalyzerConfig:
     layer_attribution: LayerAttributionSettings = field(default_factory=LayerAttributionSettings)
     divergence: DivergenceSettings = field(default_factory=DivergenceSettings)
     straggler: StragglerSettings = field(default_factory=StragglerSettings)
+    intermittent: IntermittentSettings = field(default_factory=IntermittentSettings)
     canary: CanarySettings = field(default_factory=CanarySettings)
     replica: ReplicaSettings = field(default_factory=ReplicaSettings)
     peer_outlier: PeerOutlierSettings = field(default_factory=PeerOutlierSettings)

@@ -28,6 +28,7 @@ from .config import AnalyzerConfig
 from .coverage import MissingRanksDetector
 from .detectors import LossSpikeDetector, NonFiniteDetector
 from .divergence import DivergenceDetector
+from .intermittent import IntermittentStragglerDetector
 from .runinfo import UNKNOWN, RunInfo
 from .sdc import sdc_detectors
 from .stall import StallDetector
@@ -66,6 +67,7 @@ def default_detectors(config: AnalyzerConfig | None = None) -> list:
         LossSpikeDetector(c.loss_spike, layers=LayerHistory(c.layer_attribution)),
         DivergenceDetector(c.divergence),
         StragglerDetector(c.straggler),
+        IntermittentStragglerDetector(c.intermittent),
         # canary, peer outliers, replica: one shared board of suspects
         *sdc_detectors(c.canary, c.replica, c.peer_outlier),
         StallDetector(c.stall),

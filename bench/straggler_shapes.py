@@ -11,10 +11,16 @@ processes on the machine's cores unless said) meets others:
   CPU quota), dp 4 and dp 2 x tp 2 (whose tensor-parallel collectives gloo does not time);
 - data: one rank waiting for its batches as long as it computes (`how=data`: a slow
   file system), dp 2 x tp 2 and dp 4;
+- hiccups: one rank waiting 10x its compute time for one batch in 25 (`every=25`: a shared
+  file system's bad moments), and one computing that much more one step in 25 (a
+  collector pause, a page-fault storm), dp 2 x tp 2 and dp 4: 4% of the steps, but
+  about a tenth of the run's time;
 - 8 ranks (dp 4 x tp 2) with a 15% straggler, loaded;
-- no straggler at all: two clean loaded 1,000-step runs at dp 4.
+- no straggler at all: two clean loaded 1,000-step runs at dp 4, and a clean run that
+  saves a checkpoint every 25 steps (each save a slow step of every rank).
 
-Each episode is expected to raise a straggler alert naming its rank(s) within
+Each episode is expected to raise a straggler (or intermittent_straggler) alert naming
+its rank(s) within
 `WITHIN_STEPS` of its start (the restless window's 60 steps plus 20; a ramp, whenever it
 is named), and a resolve after it ends (where it ends); every other alert is counted as
 false. Most shapes run twice: loaded, and with no load added ("quiet-"). The telemetry files are
@@ -42,6 +48,7 @@ from trainvitals.analyzer.alerts import Alert
 from trainvitals.analyzer.config import AnalyzerConfig
 from trainvitals.schema import to_arrow
 
+STRAGGLER_KINDS = ("straggler", "intermittent_straggler")  # either names an episode
 WITHIN_STEPS = 80  # an episode is named in time when its alert comes this soon after it began
 RESOLVE_STEPS = 100  # ... and resolved in time when the resolve comes this soon after it ended
 
@@ -105,11 +112,33 @@ def _data(loaded: bool, dp4: bool) -> Shape:
     return Shape(run, (Episode((2,), 40, None),), note)
 
 
+def _hiccups(loaded: bool, how: str, dp4: bool = False) -> Shape:
+    """Rank 2 held back 10x its compute time one step in 25 from step 40, for 260 steps:
+    each hiccup costs the job about 2.5 steps' time (a tenth of the run), yet no 25-step
+    window holds more than two slow steps. To be named once 3 have come (step 90)."""
+    extra = ("--dp", "4", "--tp", "1") if dp4 else ()
+    run = RealRun((f"straggler:rank=2,step=40,slowdown=10,every=25,how={how}",), 300, loaded,
+                  extra=extra)  # fmt: skip
+    what = "waits 10x its compute for one batch" if how == "data" else "computes 10x more one step"
+    note = f"{what} in 25, {'dp 4' if dp4 else 'dp 2 x tp 2'}"
+    return Shape(run, (Episode((2,), 40, None, within=2 * 25 + WITHIN_STEPS),), note)
+
+
 def _clean(seed: str) -> Shape:
     """No straggler, dp 4: every collective is timed, so the arrival signal holds the most;
     loaded, 1,000 steps. Every alert is false."""
     run = RealRun(steps=1000, extra=("--dp", "4", "--tp", "1", "--seed", seed))
     return Shape(run, (), "no straggler, dp 4")
+
+
+def _checkpoints(loaded: bool) -> Shape:
+    """No straggler; a sharded checkpoint saved every 25 steps (into a temporary folder),
+    each save a slow step. Every alert is false."""
+    folder = Path(tempfile.gettempdir()) / "trainvitals-shapes-checkpoints"
+    run = RealRun(steps=300, loaded=loaded, extra=(
+        "--checkpoint-dir", str(folder), "--checkpoint-every", "25",
+    ))  # fmt: skip
+    return Shape(run, (), "a checkpoint every 25 steps, dp 2 x tp 2")
 
 
 SHAPES = {
@@ -136,6 +165,13 @@ SHAPES = {
     "data-dp4": _data(True, True),
     "quiet-data-on-off": _on_off(False, "data"),
     "quiet-data-dp4": _data(False, True),
+    "hiccup-data": _hiccups(True, "data"),
+    "quiet-hiccup-data": _hiccups(False, "data"),
+    "quiet-hiccup-data-dp4": _hiccups(False, "data", dp4=True),
+    "hiccup-busy": _hiccups(True, "busy"),
+    "quiet-hiccup-busy": _hiccups(False, "busy"),
+    "checkpoints": _checkpoints(True),
+    "quiet-checkpoints": _checkpoints(False),
     "clean-dp4-a": _clean("7"),
     "clean-dp4-b": _clean("8"),
     "8rank15": Shape(
@@ -155,7 +191,10 @@ def alerts_of(path: Path, config: AnalyzerConfig) -> list[Alert]:
 
 
 def named_ranks(alert: Alert) -> set[int]:
-    """The ranks a straggler alert names: its own and those after "also"."""
+    """The ranks a straggler alert names: its own and those after "also" (an intermittent
+    straggler's alert names one)."""
+    if alert.kind == "intermittent_straggler":
+        return {alert.rank} if alert.rank is not None else set()
     head = alert.message.split(" since step")[0]
     return {int(r) for r in re.findall(r"rank (\d+)", head)}
 
@@ -169,7 +208,7 @@ def judge(name: str, shape: Shape, alerts: list[Alert]) -> tuple[list[str], int,
     for ep in shape.episodes:
         hits = [
             a for a in raised
-            if a.kind == "straggler" and ep.first <= a.step <= ep.first + ep.within
+            if a.kind in STRAGGLER_KINDS and ep.first <= a.step <= ep.first + ep.within
             and named_ranks(a) & set(ep.ranks)
         ]  # fmt: skip
         got = set().union(*(named_ranks(a) for a in hits)) & set(ep.ranks)

@@ -42,6 +42,7 @@ RESPONSES = {
     "loss_spike": RERUN,
     "nonfinite": RERUN,
     "straggler": NONE,
+    "intermittent_straggler": NONE,
     "throttle": NONE,
     "stall": NONE,
     "throughput_drop": NONE,

@@ -13,6 +13,10 @@
     --inject straggler:rank=1,step=20,slowdown=0.3,until=80,ramp=40
                                                      from step 20 to step 79, growing to
                                                      30% over its first 40 steps
+    --inject straggler:rank=1,step=20,slowdown=10,every=25,how=data
+                                                     rank 1 waits 10x its compute time for
+                                                     one batch in 25 (hiccups: a shared
+                                                     file system's bad moments)
     --inject sdc:rank=2,step=30,fraction=0.001       rank 2 has a faulty unit from step 30: a
                                                      fraction of one op's outputs (and of the
                                                      SDC canary's) come out wrong
@@ -79,6 +83,7 @@ KINDS: dict[str, dict[str, Param]] = {
         "how": Param("text", "busy", choices=("busy", "idle", "data")),
         "until": Param("whole", 0),  # the first step no longer slowed; 0: the run's end
         "ramp": Param("whole", 0),  # steps over which the slowdown grows to its full size
+        "every": Param("whole", 0),  # slowed only every this many steps (hiccups); 0: each
     },
     "sdc": {
         "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
@@ -289,10 +294,12 @@ class FaultInjector:
 
     @staticmethod
     def _slowdown(f: Fault, step: int) -> float:
-        """A straggler's slowdown at `step` (at or after its first): none from `until` on,
-        growing linearly over its first `ramp` steps."""
+        """A straggler's slowdown at `step` (at or after its first): none from `until` on
+        nor between its `every` steps, growing linearly over its first `ramp` steps."""
         p = f.params
         if p["until"] and step >= p["until"]:
+            return 0.0
+        if p["every"] and (step - f.step) % p["every"]:
             return 0.0
         grown = min(1.0, (step - f.step + 1) / p["ramp"]) if p["ramp"] else 1.0
         return p["slowdown"] * grown

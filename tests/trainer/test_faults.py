@@ -111,7 +111,12 @@ def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
             inj.record(monitor, step)
     assert monitor.events == [
         ("fault:spike", 3, -1, {"kind": "lr"}),
-        ("fault:straggler", 3, 1, {"slowdown": 0.2, "how": "busy", "until": 0, "ramp": 0}),
+        (
+            "fault:straggler",
+            3,
+            1,
+            {"slowdown": 0.2, "how": "busy", "until": 0, "ramp": 0, "every": 0},
+        ),
         ("fault:nan", 5, -1, {}),
         ("fault:sdc", 6, 1, {"mode": "bitflip"}),  # no "fraction": a bit flip has none
         ("fault:hang", 7, -1, {"node": "node1", "local_rank": 0}),
@@ -267,6 +272,23 @@ def test_a_straggler_can_grow_over_ramp_steps_and_end_at_until() -> None:
         injected.append(cpu() - before)
         inj.clock.end()
     want = [0, 0, 0, 0.002, 0.004, 0.006, 0.008, 0.008, 0.008, 0, 0]  # x 10 ms
+    assert injected == pytest.approx(want, abs=1e-4), injected
+
+
+def test_a_straggler_with_every_slows_one_step_in_every() -> None:
+    """every=3: slowed at its step and each third step after it (hiccups), not between."""
+    inj = FaultInjector(["straggler:rank=0,step=2,slowdown=2,every=3"], rank=0, world_size=1)
+    cpu = _CpuClock()
+    inj.clock = ComputeClock(torch.device("cpu"), clock=cpu)
+    injected = []
+    for step in range(10):
+        inj.clock.start()
+        cpu.work(0.01)
+        before = cpu()
+        inj.slow_down(step)
+        injected.append(cpu() - before)
+        inj.clock.end()
+    want = [0, 0, 0.02, 0, 0, 0.02, 0, 0, 0.02, 0]  # 2 x 10 ms at steps 2, 5, 8
     assert injected == pytest.approx(want, abs=1e-4), injected
 
 

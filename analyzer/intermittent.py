@@ -1,0 +1,235 @@
+"""Intermittent straggler: one rank that holds the whole job up for single steps, again.
+
+A straggler (straggler.py) is slow in most logged steps of its window. A rank that waits
+seconds for one batch in 25 or 100 (a shared file system's bad moments), or stops now and
+then for a garbage-collector pause or a page-fault storm, is slow in none of its windows,
+and far under the stall's 60 s, yet every rank waits for it each time: in a real 4-rank
+run, a rank waiting 10x its compute time for one batch in 25 cost the job 9% of its time
+and raised nothing (bench/straggler_shapes.py, the hiccup shapes).
+
+Judged per logged step, on telemetry only:
+- a hiccup: the step took at least `min_step_ratio` x the run's typical step (the median
+  of its last `typical_steps` logged steps), and a rank held the others back for at
+  least `min_explained` of the extra time: it computed, waited for its data, was stopped,
+  or arrived at the synchronisation points that much longer or later than an ordinary
+  rank (the straggler detector's four signals, in seconds; `held_back_s`). On a busy
+  machine slow steps slow every rank alike: in 22 clean real runs of 100-1,000 logged
+  steps (4 and 8 ranks, quiet and beside 8 busy processes on 2 cores, two of them saving
+  a checkpoint every 25 steps), the rank that explained the most slow steps explained 3
+  at most, for at most 0.4% of the run's time;
+- a slow step right after one of the same rank's is no new hiccup: a rank that turned
+  slow for good is a straggler, the straggler detector's to name, and the typical step
+  soon follows it.
+A rank is named (one alert, an episode) once the hiccups it caused among the last
+`window_steps` training steps number `min_hiccups` and cost the job `min_lost_share` of
+its logged time; the episode resolves when they no longer do. With `log_every` above 1
+only logged steps are judged: hiccups between them go unseen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .alerts import Alert
+from .detectors import data_query
+from .rolling import RollingWindow
+from .runinfo import host_is_device, name_rank
+from .straggler import sync_time_s
+from .views import RankView, StepView
+
+SECTION = "intermittent"
+# How each signal says what the rank did, in an alert.
+_DID = {
+    "compute_time_s": "computed",
+    "wait_time_s": "arrived late at the synchronisation points",
+    "data_time_s": "waited for its data",
+    "stopped_time_s": "was stopped",
+}
+
+
+@dataclass(frozen=True)
+class IntermittentSettings:
+    """Thresholds of the intermittent-straggler detector (section "intermittent")."""
+
+    # A logged step is slow at this many times the run's typical step. A 15% straggler's
+    # steps are 1.15x; the slow steps of a busy machine slow every rank alike.
+    min_step_ratio: float = 1.5
+    # Logged steps whose median step time is the run's typical step.
+    typical_steps: int = 100
+    # Share of a slow step's extra time that a rank must explain for it to be its hiccup.
+    min_explained: float = 0.5
+    # Training steps over which a rank's hiccups are counted.
+    window_steps: int = 500
+    # Hiccups within the window that name a rank: fewer are chance (a busy neighbour took
+    # one rank's core once or twice in 1,000 steps, in the clean runs above).
+    min_hiccups: int = 3
+    # ... and the share of the window's logged time they cost the job, at least.
+    min_lost_share: float = 0.03
+
+    def __post_init__(self) -> None:
+        _check(self.min_step_ratio > 1, "min_step_ratio", "must be > 1", self.min_step_ratio)
+        _check(self.typical_steps >= 3, "typical_steps", "must be >= 3", self.typical_steps)
+        _check(
+            0.5 <= self.min_explained <= 1, "min_explained", "must be in [0.5, 1]",
+            self.min_explained,
+        )  # fmt: skip
+        _check(self.window_steps >= 2, "window_steps", "must be >= 2", self.window_steps)
+        _check(self.min_hiccups >= 2, "min_hiccups", "must be >= 2", self.min_hiccups)
+        _check(
+            0 < self.min_lost_share < 1, "min_lost_share", "must be in (0, 1)",
+            self.min_lost_share,
+        )  # fmt: skip
+
+
+def _check(ok: bool, name: str, rule: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{SECTION}.{name} {rule}, got {value!r}")
+
+
+def held_back_s(r: RankView, step_time_s: float, device_type: str) -> tuple[np.ndarray, list]:
+    """Per rank, the seconds it held the others back at this step, and the column that
+    says why: by how much its compute time, data wait or stopped time exceeded an ordinary
+    rank's, or how much later than an ordinary rank it arrived at the step's
+    synchronisation points, whichever is most. Ordinary: the lower quartile of the times
+    (the upper of the arrival waits; the last to arrive waits least), not the median,
+    which two ranks of four waiting alike would move by half. Lateness is what the others
+    waited; a rank's own time that shows half of it or more is named as the cause. Data
+    waits count on CPU ranks only, as for the straggler detector (an accelerator's host
+    time holds its waits for the device)."""
+    own = {"compute_time_s": r.compute_time_s, "stopped_time_s": r.stopped_time_s}
+    if host_is_device(device_type):
+        own["data_time_s"] = r.data_time_s
+    own = {c: t - np.quantile(t, 0.25) for c, t in own.items() if np.isfinite(t).all()}
+    late_s = np.zeros(len(r))
+    if np.isfinite(r.wait_time_s).all():
+        collectives_s = (r.all_gather_time_s, r.reduce_scatter_time_s, r.all_reduce_time_s)
+        sync_s = sync_time_s(r.wait_time_s, collectives_s)
+        late_s = np.nan_to_num(np.quantile(sync_s, 0.75) - sync_s, nan=0.0)
+    if not own:
+        return late_s, ["wait_time_s"] * len(r)
+    names = list(own)
+    own_s = np.stack([own[n] for n in names])
+    cause, most_own_s = own_s.argmax(axis=0), own_s.max(axis=0)
+    held_s = np.maximum(most_own_s, late_s)
+    columns = [
+        names[c] if most_own_s[i] >= 0.5 * held_s[i] else "wait_time_s" for i, c in enumerate(cause)
+    ]
+    return held_s, columns
+
+
+@dataclass(frozen=True)
+class _Hiccup:
+    step: int
+    rank: int
+    lost_s: float
+    column: str
+
+
+@dataclass
+class IntermittentStragglerDetector:
+    settings: IntermittentSettings = field(default_factory=IntermittentSettings)
+    kind: str = "intermittent_straggler"
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self._typical = RollingWindow(s.typical_steps)
+        self._times: deque[tuple[int, float]] = deque()  # (step, step time) in the window
+        self._time_s = 0.0  # their sum
+        self._hiccups: deque[_Hiccup] = deque()
+        self._last_culprits: set[int] = set()  # the ranks that explained the last step
+        self._open: dict[int, Alert] = {}  # rank -> its episode's alert
+
+    def observe(self, s: StepView) -> list[Alert]:
+        r = s.ranks
+        step_time_s = s.step_time_s
+        if r is None or len(r) < 3 or not step_time_s > 0:
+            return []
+        typical_s = self._typical.median() if len(self._typical) >= 20 else math.nan
+        self._typical.push(step_time_s)
+        self._slide(s.step, step_time_s)
+        culprits: set[int] = set()
+        if step_time_s >= self.settings.min_step_ratio * typical_s:
+            culprits = self._hiccups_at(s, r, step_time_s - typical_s)
+        self._last_culprits = culprits
+        return self._judge(s)
+
+    def _slide(self, step: int, step_time_s: float) -> None:
+        """This step into the window, and steps and hiccups that left it out."""
+        first = step - self.settings.window_steps + 1
+        self._times.append((step, step_time_s))
+        self._time_s += step_time_s
+        while self._times[0][0] < first:
+            self._time_s -= self._times.popleft()[1]
+        while self._hiccups and self._hiccups[0].step < first:
+            self._hiccups.popleft()
+
+    def _hiccups_at(self, s: StepView, r: RankView, extra_s: float) -> set[int]:
+        """The ranks that explain this slow step (two that waited alike both do); each is
+        recorded as a hiccup unless it also explained the logged step before."""
+        held_s, columns = held_back_s(r, s.step_time_s, s.run.device_type)
+        culprits = set()
+        for i in np.flatnonzero(held_s >= self.settings.min_explained * extra_s):
+            rank = int(r.rank[i])
+            culprits.add(rank)
+            if rank not in self._last_culprits:
+                lost_s = float(min(held_s[i], extra_s))
+                self._hiccups.append(_Hiccup(s.step, rank, lost_s, columns[i]))
+        return culprits
+
+    def _judge(self, s: StepView) -> list[Alert]:
+        """At most one row per step (the alerts table's key): a new episode first."""
+        by_rank: dict[int, list[_Hiccup]] = {}
+        for h in self._hiccups:
+            by_rank.setdefault(h.rank, []).append(h)
+        named = {rank for rank, hs in by_rank.items() if self._names(hs)}
+        for rank in sorted(named - set(self._open)):
+            return [self._raise(s, rank, by_rank[rank])]
+        for rank in sorted(set(self._open) - named):
+            return [self._resolve(s, rank, by_rank.get(rank, []))]
+        return []
+
+    def _names(self, hiccups: list[_Hiccup]) -> bool:
+        s = self.settings
+        lost_s = sum(h.lost_s for h in hiccups)
+        return len(hiccups) >= s.min_hiccups and lost_s >= s.min_lost_share * self._time_s
+
+    def _raise(self, s: StepView, rank: int, hiccups: list[_Hiccup]) -> Alert:
+        lost_s = sum(h.lost_s for h in hiccups)
+        share = lost_s / self._time_s
+        column = Counter(h.column for h in hiccups).most_common(1)[0][0]
+        steps = ", ".join(str(h.step) for h in hiccups[-5:])
+        alert = Alert.at(
+            s,
+            kind=self.kind,
+            severity="warning",
+            message=(
+                f"{name_rank(s.run, rank)} held the whole job up {len(hiccups)} times in the "
+                f"last {self.settings.window_steps} steps (last at steps {steps}): each time "
+                f"it {_DID[column]} about {1e3 * lost_s / len(hiccups):.0f} ms longer than the "
+                f"median rank, {lost_s:.1f} s in all, {100 * share:.0f}% of the logged time; "
+                "between those steps it keeps pace (too rarely slow for a straggler, too "
+                "briefly for a stall: a shared file system's bad moments, a collector "
+                "pause, a page-fault storm). Data: "
+                + data_query(s.run_id, "ranks", column, hiccups[0].step, s.step)
+            ),
+            value=share,
+            baseline=self.settings.min_lost_share,
+            rank=rank,
+            start_step=hiccups[0].step,
+        )
+        self._open[rank] = alert
+        return alert
+
+    def _resolve(self, s: StepView, rank: int, hiccups: list[_Hiccup]) -> Alert:
+        alert = self._open.pop(rank)
+        lost_s = sum(h.lost_s for h in hiccups)
+        return alert.resolved_at(
+            s.step,
+            s.time_unix_s,
+            f"{name_rank(s.run, rank)} no longer holds the job up: {len(hiccups)} hiccups, "
+            f"{lost_s:.1f} s, in the last {self.settings.window_steps} steps.",
+        )

@@ -1,0 +1,196 @@
+"""Intermittent stragglers: a rank that holds the job up for single steps, again and again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from tests.conftest import run_trainer
+from trainvitals.analyzer import Analyzer
+from trainvitals.analyzer.config import AnalyzerConfig
+from trainvitals.analyzer.intermittent import (
+    IntermittentSettings,
+    IntermittentStragglerDetector,
+    held_back_s,
+)
+from trainvitals.analyzer.runinfo import UNKNOWN, RunInfo
+from trainvitals.analyzer.views import RankView, StepView
+from trainvitals.schema import to_arrow
+
+COMPUTE_S = 0.1
+KIND = "intermittent_straggler"
+
+
+def cohort(
+    steps: int,
+    ranks: int = 4,
+    *,
+    data: dict[int, tuple[int, int, float]] | None = None,
+    busy: dict[int, tuple[int, int, float]] | None = None,
+    everyone: dict[int, float] | None = None,
+    until: int | None = None,
+    run: RunInfo = UNKNOWN,
+    seed: int = 0,
+):
+    """StepViews of a synchronous job computing ~100 ms a step on each rank.
+
+    data: rank -> (first step, every, seconds): it waits that long for one batch in
+    `every` from its first step (off the CPU: the others wait for it in collectives that
+    are not timed, so nobody's arrival at the step's end moves);
+    busy: rank -> (first step, every, seconds): it computes that much more then (the others
+    wait for it at the step's end);
+    everyone: step -> factor: every rank slowed alike (a busy machine);
+    until: the first step with no more hiccups."""
+    rng = np.random.default_rng(seed)
+    data, busy, everyone = data or {}, busy or {}, everyone or {}
+
+    def hits(spec, rank, step):
+        first, every, seconds = spec[rank]
+        on = step >= first and (step - first) % every == 0 and (until is None or step < until)
+        return seconds if on else 0.0
+
+    for step in range(steps):
+        compute = COMPUTE_S * np.exp(0.01 * rng.standard_normal(ranks)) * everyone.get(step, 1)
+        fetch = np.clip(0.0005 + 0.0002 * rng.standard_normal(ranks), 0, None)
+        for rank in busy:
+            compute[rank] += hits(busy, rank, step)
+        for rank in data:
+            fetch[rank] += hits(data, rank, step)
+        end = float((compute + fetch).max())
+        view = RankView.of(
+            compute_time_s=compute.tolist(),
+            data_time_s=fetch.tolist(),
+            wait_time_s=(end - compute - fetch if busy else np.full(ranks, 0.01)).tolist(),
+        )
+        yield StepView("r", step, float(step), 2.0, 1.0, step_time_s=end, ranks=view, run=run)
+
+
+def rows(views, settings: IntermittentSettings | None = None) -> list:
+    d = IntermittentStragglerDetector(settings or IntermittentSettings())
+    return [a for v in views for a in d.observe(v)]
+
+
+def test_a_rank_waiting_seconds_for_one_batch_in_25_is_named_at_its_third_wait() -> None:
+    """1 s for one batch in 25 (a tenth of 1,250 steps' time lost): slow in 4% of the
+    steps, which no straggler window sees. Named at the third wait, its onset the first;
+    resolved once the waits stopped long enough to leave the window."""
+    got = rows(cohort(900, data={2: (100, 25, 1.0)}, until=300))
+    assert [(a.kind, a.rank, a.severity, a.step) for a in got] == [
+        (KIND, 2, "warning", 150),
+        (KIND, 2, "resolved", 275 + 500 - 25 * 2),  # 3 waits need to stay in the window
+    ]
+    alert = got[0]
+    assert alert.start_step == 100
+    assert "rank 2 held the whole job up 3 times in the last 500 steps" in alert.message
+    assert "(last at steps 100, 125, 150)" in alert.message
+    assert "it waited for its data about 999 ms longer than the median rank" in alert.message
+    assert "metric=data_time_s&start=100&end=150" in alert.message
+    assert alert.value == pytest.approx(3.0 / (0.1 * 148 + 3 * 1.1), rel=0.02)
+    assert got[1].start_step == 100
+
+
+def test_a_rank_computing_longer_now_and_then_is_named_by_its_compute_time() -> None:
+    got = rows(cohort(300, busy={1: (50, 30, 0.5)}))
+    assert [(a.rank, a.severity, a.step) for a in got] == [(1, "warning", 110)]
+    assert "it computed about 499 ms longer than the median rank" in got[0].message
+
+
+def test_a_busy_machine_slowing_every_rank_alike_names_nobody() -> None:
+    """A third of the steps 2-3x slower on every rank: no rank explains them."""
+    rng = np.random.default_rng(5)
+    everyone = {int(s): float(rng.uniform(2, 3)) for s in rng.choice(1000, 300, replace=False)}
+    assert rows(cohort(1000, everyone=everyone)) == []
+
+
+def test_a_rank_that_turns_slow_for_good_is_no_intermittent_straggler() -> None:
+    """A rank 3x slower from step 100 on: its slow steps follow each other, one hiccup at
+    most; naming it is the straggler detector's job."""
+    views = cohort(400, busy={3: (100, 1, 0.2)})
+    assert rows(views) == []
+
+
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ({2: (100, 260, 1.0)}, "two waits in the window"),
+        ({2: (100, 50, 0.06)}, "waits that cost 1% of the time"),
+    ],
+)
+def test_too_few_or_too_small_hiccups_name_nobody(spec, why) -> None:
+    assert rows(cohort(600, data=spec)) == [], why
+
+
+def test_two_ranks_hiccuping_each_get_an_episode_one_row_per_step() -> None:
+    got = rows(cohort(300, data={1: (40, 20, 1.0), 3: (40, 20, 1.0)}))
+    """Two ranks waiting alike at the same steps both explain them: both are named at
+    their third wait, the second a step later (the alerts table keeps one row of a kind
+    per step)."""
+    assert [(a.rank, a.step) for a in got] == [(1, 80), (3, 81)]
+
+
+def test_data_waits_are_no_evidence_on_an_accelerator() -> None:
+    """On CUDA a host's time before the forward holds its waits for the device (a
+    rank-0-only `.item()`), so data waits name nobody there (as for the straggler)."""
+    got = rows(cohort(300, data={2: (40, 20, 1.0)}, run=RunInfo(device_type="cuda")))
+    assert got == []
+
+
+def test_held_back_seconds_take_the_signal_that_shows_most() -> None:
+    view = RankView.of(
+        compute_time_s=[0.1, 0.1, 0.4, 0.1],
+        wait_time_s=[0.3, 0.3, 0.0, 0.3],
+        data_time_s=[0.001, 0.5, 0.001, 0.001],
+    )
+    held, columns = held_back_s(view, 0.9, "cpu")
+    assert held[1] == pytest.approx(0.499) and columns[1] == "data_time_s"
+    assert held[2] == pytest.approx(0.3) and columns[2] == "compute_time_s"  # over "late"
+    held, columns = held_back_s(view, 0.9, "cuda")
+    assert held[1] == pytest.approx(0.0) and columns[1] != "data_time_s"
+
+
+def test_two_ranks_of_four_waiting_alike_each_held_the_others_back_in_full() -> None:
+    """Against the median, two of four ranks waiting 1 s would each show 0.5 s."""
+    view = RankView.of(compute_time_s=[0.1] * 4, wait_time_s=[0.01] * 4,
+                       data_time_s=[1.0, 0.001, 1.0, 0.001])  # fmt: skip
+    held, _ = held_back_s(view, 1.1, "cpu")
+    assert held == pytest.approx([0.999, 0, 0.999, 0])
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("min_step_ratio", 1.0),
+        ("typical_steps", 2),
+        ("min_explained", 0.4),
+        ("window_steps", 1),
+        ("min_hiccups", 1),
+        ("min_lost_share", 0.0),
+    ],
+)
+def test_settings_out_of_range_are_refused_naming_the_field(field: str, value) -> None:
+    with pytest.raises(ValueError, match=rf"intermittent\.{field} "):
+        AnalyzerConfig.load(overrides=[f"intermittent.{field}={value}"])
+
+
+@pytest.mark.slow
+def test_real_run_with_a_rank_waiting_for_one_batch_in_8(tmp_path: Path) -> None:
+    """A real dp=2 x tp=2 run on CPU whose rank 2 waits 10x its compute time for one batch
+    in 8 from step 24 (`every=8`): named by its data waits at its third (step 40), and
+    nobody else; the straggler detector, whose windows hold 3 slow steps in 25, names
+    nobody."""
+    out = tmp_path / "run.jsonl"
+    run_trainer(["--dp", "2", "--tp", "2", "--steps", "50", "--canary-every", "10",
+                 "--telemetry-file", str(out),
+                 "--inject", "straggler:rank=2,step=24,slowdown=10,every=8,how=data"],
+                nproc=4)  # fmt: skip
+    analyzer, alerts = Analyzer(), []
+    for line in out.read_bytes().splitlines():
+        alerts += analyzer.observe(*to_arrow(orjson.loads(line)))
+    named = [(a.kind, a.rank, a.severity) for a in alerts if "straggler" in a.kind]
+    assert named == [(KIND, 2, "warning")], alerts
+    alert = next(a for a in alerts if a.kind == KIND)
+    # Its first wait, or its second where a busy machine made the first look ordinary.
+    assert alert.start_step in (24, 32) and "waited for its data" in alert.message, alert
