@@ -45,7 +45,7 @@ SECTION = "intermittent"
 # How each signal says what the rank did, in an alert.
 _DID = {
     "compute_time_s": "computed",
-    "wait_time_s": "arrived late at the synchronisation points",
+    "wait_time_s": "arrived late at the synchronisation points",  # only that is known
     "data_time_s": "waited for its data",
     "stopped_time_s": "was stopped",
 }
@@ -209,8 +209,9 @@ class IntermittentStragglerDetector:
             message=(
                 f"{name_rank(s.run, rank)} held the whole job up {len(hiccups)} times in the "
                 f"last {self.settings.window_steps} steps (last at steps {steps}): each time "
-                f"it {_DID[column]} about {1e3 * lost_s / len(hiccups):.0f} ms longer than the "
-                f"median rank, {lost_s:.1f} s in all, {100 * share:.0f}% of the logged time; "
+                f"it {_DID[column]} and the others waited about "
+                f"{1e3 * lost_s / len(hiccups):.0f} ms for it, {lost_s:.1f} s in all, "
+                f"{100 * share:.0f}% of the logged time; "
                 "between those steps it keeps pace (too rarely slow for a straggler, too "
                 "briefly for a stall: a shared file system's bad moments, a collector "
                 "pause, a page-fault storm). Data: "

@@ -561,7 +561,7 @@ def culprit_of(t: Truth, culprit: str | None) -> tuple[str, int] | None:
 ALL_KINDS = sorted(
     {k for v in EXPECT.values() for k, _, _ in v}
     | set().union(*KNOCK_ON.values())
-    | {"rank_lost", "hang"}
+    | {"rank_lost", "hang", "intermittent_straggler"}
 )
 
 

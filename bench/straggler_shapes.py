@@ -14,7 +14,7 @@ processes on the machine's cores unless said) meets others:
 - hiccups: one rank waiting 10x its compute time for one batch in 25 (`every=25`: a shared
   file system's bad moments), and one computing that much more one step in 25 (a
   collector pause, a page-fault storm), dp 2 x tp 2 and dp 4: 4% of the steps, but
-  about a tenth of the run's time;
+  about a tenth of the run's time; and smaller ones, 3x its compute time one batch in 10;
 - 8 ranks (dp 4 x tp 2) with a 15% straggler, loaded;
 - no straggler at all: two clean loaded 1,000-step runs at dp 4, and a clean run that
   saves a checkpoint every 25 steps (each save a slow step of every rank).
@@ -124,6 +124,14 @@ def _hiccups(loaded: bool, how: str, dp4: bool = False) -> Shape:
     return Shape(run, (Episode((2,), 40, None, within=2 * 25 + WITHIN_STEPS),), note)
 
 
+def _small_hiccups(loaded: bool) -> Shape:
+    """Rank 1 waiting 3x its compute time for one batch in 10 from step 40: each wait
+    under a step's length (the step about 1.8x), about 7% of the run's time."""
+    run = RealRun(("straggler:rank=1,step=40,slowdown=3,every=10,how=data",), 200, loaded)
+    note = "waits 3x its compute for one batch in 10, dp 2 x tp 2"
+    return Shape(run, (Episode((1,), 40, None, within=2 * 10 + WITHIN_STEPS),), note)
+
+
 def _clean(seed: str) -> Shape:
     """No straggler, dp 4: every collective is timed, so the arrival signal holds the most;
     loaded, 1,000 steps. Every alert is false."""
@@ -170,6 +178,8 @@ SHAPES = {
     "quiet-hiccup-data-dp4": _hiccups(False, "data", dp4=True),
     "hiccup-busy": _hiccups(True, "busy"),
     "quiet-hiccup-busy": _hiccups(False, "busy"),
+    "hiccup-small": _small_hiccups(True),
+    "quiet-hiccup-small": _small_hiccups(False),
     "checkpoints": _checkpoints(True),
     "quiet-checkpoints": _checkpoints(False),
     "clean-dp4-a": _clean("7"),
