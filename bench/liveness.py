@@ -10,6 +10,7 @@ watchdog's deadline). Targets (issue 17): a crash named within 30 s, a hang with
 Prints the headline last.
 
     python bench/liveness.py | tee bench/results/liveness.txt
+    python bench/liveness.py --where forward --tp 2   # stopped mid-forward, dp 2 x tp 2
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ def get(url: str) -> list[dict]:
 def scenario(collector: Collector, fault: str, rank: int, args) -> tuple[float, int | None]:
     """(seconds from the fault to its alert, the rank the alert names)."""
     run_id = f"liveness-{fault}-{int(time.time())}"
-    train = ["--dp", str(args.ranks), "--steps", str(args.steps), "--log-every", "10",
-             "--collector", collector.url, "--run-id", run_id,
-             "--inject", f"{fault}:rank={rank},step={args.fault_step}"]  # fmt: skip
+    spec = f"{fault}:rank={rank},step={args.fault_step},where={args.where}"
+    train = ["--dp", str(args.ranks // args.tp), "--tp", str(args.tp), "--steps",
+             str(args.steps), "--log-every", "10", "--collector", collector.url, "--run-id",
+             run_id, "--inject", spec]  # fmt: skip
     trainer = subprocess.Popen(
         torchrun_command(args.ranks, train),
         stdout=subprocess.DEVNULL,
@@ -88,6 +90,11 @@ def main() -> None:
     p.add_argument("--crash-rank", type=int, default=2)
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--timeout-s", type=float, default=300)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (dp = ranks / tp)")
+    p.add_argument(
+        "--where", choices=("step", "forward"), default="step",
+        help="where the rank stops: between steps, or inside its forward (mid-step)",
+    )  # fmt: skip
     args = p.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,7 +105,9 @@ def main() -> None:
         finally:
             collector.stop()
     print(
-        f"liveness on {args.ranks} CPU ranks (gloo): crash of rank {args.crash_rank} named "
+        f"liveness on {args.ranks} CPU ranks (gloo, dp {args.ranks // args.tp} x tp {args.tp}, "
+        f"stopped {'mid-forward' if args.where == 'forward' else 'between steps'}): crash of "
+        f"rank {args.crash_rank} named "
         f"(rank {crash_named}) in {crash_s:.1f} s (target 30 s), hang of rank "
         f"{args.hang_rank} named (rank {hang_named}) in {hang_s:.1f} s (target 60 s)"
     )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 
 from .collectives import _Tally
@@ -39,6 +40,28 @@ def _tp_style(module: nn.Module) -> str | None:
     if isinstance(module, nn.Embedding):  # weight (vocab, dim): sharding vocab leaves sums
         return "rowwise" if sharded_dim == 0 else "colwise"
     return "unknown"
+
+
+def _waits_marked(meter: CommsMeter) -> Callable:
+    """A forward hook, on every step, for a tensor-parallel module on gloo: DTensor hands
+    back the output of its collective (the rowwise all-reduce) before it completes, and the
+    host blocks at the output's first use, between modules, while the heartbeat says
+    "forward". Waited for here instead, under the phase "collective" (as FSDP's are), a
+    rank blocked by a peer that hangs mid-forward says it waits, and the peer is the one
+    named (bench/liveness.py --where forward --tp 2 named both). The wait is where the
+    first use would block anyway; the output stays what it was (its wait is done once)."""
+
+    def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
+        live = meter.liveness
+        if live is None or not isinstance(output, AsyncCollectiveTensor):
+            return
+        before, live.phase = live.phase, "collective"
+        try:
+            output.trigger_wait()
+        finally:
+            live.phase = before
+
+    return hook
 
 
 def _rowwise_hook(tally: _Tally, timed: bool) -> Callable:
@@ -74,7 +97,10 @@ def install_tp(meter: CommsMeter, model: nn.Module) -> bool:
             meter._reasons.append(f"tensor parallelism of a {type(module).__name__}: unknown")
             continue
         weight = module._parameters["weight"]
-        timed = meter._timing_of(weight.device_mesh.get_group("tp")) == "hook"
+        timing = meter._timing_of(weight.device_mesh.get_group("tp"))
+        timed = timing == "hook"
+        if timing == "host":  # gloo: the host blocks where the output is first used
+            meter._restore.append(module.register_forward_hook(_waits_marked(meter)).remove)
         if kind == "rowwise":
             hook = _rowwise_hook(meter._tally, timed)
         else:

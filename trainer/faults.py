@@ -27,6 +27,8 @@
     --inject spike:step=50,kind=lr                   one step uses 30x the learning rate
     --inject nan:step=40                             the loss becomes NaN
     --inject crash:rank=3,step=60 / hang:rank=3,step=60
+                                                     (where=forward: inside its forward, the
+                                                     others waiting in the model's collectives)
     --inject pause:step=30,seconds=45,phase=checkpoint
                                                      every rank pauses 45 s after step 30,
                                                      declared to the monitor as a checkpoint
@@ -74,6 +76,7 @@ from trainvitals.hooks.timing import recorded_event
 
 _WHOLE = Param("whole")  # rank, step
 _NODE = Param("text", "")  # a fault of one node's hardware: `rank` is local to it
+_WHERE = Param("text", "step", choices=("step", "forward"))
 # kind -> its parameters, in the fault language both the trainer and the simulator speak
 # (trainvitals/faultspec.py)
 KINDS: dict[str, dict[str, Param]] = {
@@ -92,8 +95,10 @@ KINDS: dict[str, dict[str, Param]] = {
     },
     "spike": {"step": _WHOLE, "kind": Param("text", "batch", choices=("batch", "lr"))},
     "nan": {"step": _WHOLE},
-    "crash": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE},
-    "hang": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE},
+    # where: between steps (after the monitor's step), or inside the forward (its first
+    # block's feed-forward), where the others wait for it in the model's collectives
+    "crash": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE, "where": _WHERE},
+    "hang": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE, "where": _WHERE},
     "diverge": {"step": _WHOLE, "growth": Param("number", 1.3, low=1, high=10, words="in (1, 10]")},
     "pause": {
         "step": _WHOLE,
@@ -346,17 +351,32 @@ class FaultInjector:
                 time.sleep(f.params["seconds"])
 
     def crash_or_hang(self, step: int, monitor) -> None:
-        """Crash or hang now, after the monitor has exported what it holds and this rank's
-        own record of the fault (ground truth that must not depend on rank 0, which
-        torchrun kills soon after): a real crash would lose it, a test harness should not.
-        Rank 0 leaves this one to the rank (record), but for a fault on every rank or on a
-        node, which it records as rank -1: another key."""
-        hits = [f for f in self._mine("crash", step) + self._mine("hang", step) if self._fires(f)]
-        if not hits:
-            return
-        monitor.event(f"fault:{hits[0].kind}", step, self.rank, _detail(hits[0]))
+        """Crash or hang now, between steps (`where=step`), after the monitor has exported
+        what it holds and this rank's own record of the fault (ground truth that must not
+        depend on rank 0, which torchrun kills soon after): a real crash would lose it, a
+        test harness should not. Rank 0 leaves this one to the rank (record), but for a
+        fault on every rank or on a node, which it records as rank -1: another key."""
+        hits = [f for f in self._crashes_and_hangs(step) if f.params["where"] == "step"]
+        if hits:
+            self._stop(hits[0], step, monitor)
+
+    def arm_crash_or_hang(self, model: nn.Module, step: int, monitor) -> None:
+        """A crash or hang `where=forward` stops the rank inside its forward at its step,
+        in its first block's feed-forward (after that block's all-gather), as a deadlock
+        or a runaway loop in the model's code would: the others go on to the model's next
+        collectives and wait for it there, mid-step."""
+        hits = [f for f in self._crashes_and_hangs(step) if f.params["where"] == "forward"]
+        if hits:
+            block = next(m for name, m in model.named_modules() if name.endswith("feed_forward"))
+            block.register_forward_pre_hook(lambda _m, _i: self._stop(hits[0], step, monitor))
+
+    def _crashes_and_hangs(self, step: int) -> list[Fault]:
+        return [f for f in self._mine("crash", step) + self._mine("hang", step) if self._fires(f)]
+
+    def _stop(self, f: Fault, step: int, monitor) -> None:
+        monitor.event(f"fault:{f.kind}", step, self.rank, _detail(f))
         monitor.flush(timeout_s=10)  # blocks: the process is about to stop anyway
-        if hits[0].kind == "crash":
+        if f.kind == "crash":
             os._exit(17)  # a crashed rank: no cleanup, no goodbye
         else:
             while True:

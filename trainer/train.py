@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         injector.record(monitor, step)
         injector.arm_sdc(model, monitor, step)
         injector.arm_idle(model, step)
+        injector.arm_crash_or_hang(model, step, monitor)
         injector.crash_or_hang(step, monitor)
         injector.clock.start()  # this rank's compute time, the straggler's baseline
         injector.wait_for_data(step)

@@ -4,11 +4,14 @@ collector or an ending process never troubles training."""
 from __future__ import annotations
 
 import http.server
+import json
+import os
 import subprocess
 import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -205,3 +208,22 @@ def test_a_process_ending_without_close_exports_what_is_queued_and_says_exited(
         s for line in out.read_bytes().splitlines() for s in orjson.loads(line)["steps"]["step"]
     ]
     assert steps == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_rank_waiting_for_a_tensor_parallel_peer_mid_forward_says_collective(
+    tmp_path: Path,
+) -> None:
+    """On gloo, DTensor's all-reduce returns before it completes and the host blocked at
+    the output's first use while its heartbeat said "forward", so a hang mid-forward named
+    the peer that waited too. Rank 0 of a tp = 2 run now says "collective" while it waits
+    for rank 1, held in its first block's feed-forward, and "forward" again after."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node=2", str(Path(__file__).with_name("tp_wait_script.py")),
+            str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    seen = json.loads((tmp_path / "phases.json").read_text())
+    assert "collective" in seen and seen[-1] == "after: forward", seen
+    assert seen.index("forward") < seen.index("collective"), seen

@@ -119,7 +119,7 @@ def test_ground_truth_is_recorded_once_at_each_fault_step() -> None:
         ),
         ("fault:nan", 5, -1, {}),
         ("fault:sdc", 6, 1, {"mode": "bitflip"}),  # no "fraction": a bit flip has none
-        ("fault:hang", 7, -1, {"node": "node1", "local_rank": 0}),
+        ("fault:hang", 7, -1, {"node": "node1", "where": "step", "local_rank": 0}),
     ]
 
 
@@ -175,6 +175,28 @@ def test_a_faulty_unit_is_armed_again_in_a_run_resumed_after_its_step() -> None:
         assert (not torch.equal(model(x), clean)) == faulty, first_step
     inj.arm_sdc(model, _Recorder(), 5)  # the fresh run: at its step
     assert not torch.equal(model(x), clean)
+
+
+def test_a_crash_where_forward_stops_the_rank_inside_its_forward_at_its_step(
+    monkeypatch,
+) -> None:
+    """where=forward: nothing between steps; at its step the rank records the fault, flushes
+    and exits in its first block's feed-forward, before computing it."""
+    exits: list[int] = []
+    monkeypatch.setattr("trainvitals.trainer.faults.os._exit", exits.append)
+    monitor, model = _Recorder(), _Block()
+    inj = FaultInjector(["crash:rank=0,step=4,where=forward"], rank=0, world_size=1)
+    seen = []
+    model.feed_forward.register_forward_hook(lambda *_: seen.append(exits[:]))
+    for step in (3, 4):
+        inj.crash_or_hang(step, monitor)  # not between steps
+        inj.arm_crash_or_hang(model, step, monitor)
+        assert exits == []  # armed, not fired: it fires in the forward
+        model(torch.ones(2, 64))
+    assert exits == [17] and monitor.flushed == 1
+    assert seen == [[], [17]]  # step 4's feed-forward ran only after the (mocked) exit
+    assert [e[:3] for e in monitor.events] == [("fault:crash", 4, 0)]
+    assert monitor.events[0][3] == {"where": "forward"}
 
 
 def _compute_times(path: Path) -> dict[tuple[int, int], float]:
