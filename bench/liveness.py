@@ -92,8 +92,8 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=300)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (dp = ranks / tp)")
     p.add_argument(
-        "--where", choices=("step", "forward"), default="step",
-        help="where the rank stops: between steps, or inside its forward (mid-step)",
+        "--where", choices=("step", "forward", "backward"), default="step",
+        help="where the rank stops: between steps, or inside its forward or backward",
     )  # fmt: skip
     args = p.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
@@ -106,7 +106,7 @@ def main() -> None:
             collector.stop()
     print(
         f"liveness on {args.ranks} CPU ranks (gloo, dp {args.ranks // args.tp} x tp {args.tp}, "
-        f"stopped {'mid-forward' if args.where == 'forward' else 'between steps'}): crash of "
+        f"stopped {'between steps' if args.where == 'step' else 'mid-' + args.where}): crash of "
         f"rank {args.crash_rank} named "
         f"(rank {crash_named}) in {crash_s:.1f} s (target 30 s), hang of rank "
         f"{args.hang_rank} named (rank {hang_named}) in {hang_s:.1f} s (target 60 s)"

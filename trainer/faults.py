@@ -27,8 +27,9 @@
     --inject spike:step=50,kind=lr                   one step uses 30x the learning rate
     --inject nan:step=40                             the loss becomes NaN
     --inject crash:rank=3,step=60 / hang:rank=3,step=60
-                                                     (where=forward: inside its forward, the
-                                                     others waiting in the model's collectives)
+                                                     (where=forward or backward: inside it,
+                                                     the others waiting in the model's
+                                                     collectives)
     --inject pause:step=30,seconds=45,phase=checkpoint
                                                      every rank pauses 45 s after step 30,
                                                      declared to the monitor as a checkpoint
@@ -76,7 +77,7 @@ from trainvitals.hooks.timing import recorded_event
 
 _WHOLE = Param("whole")  # rank, step
 _NODE = Param("text", "")  # a fault of one node's hardware: `rank` is local to it
-_WHERE = Param("text", "step", choices=("step", "forward"))
+_WHERE = Param("text", "step", choices=("step", "forward", "backward"))
 # kind -> its parameters, in the fault language both the trainer and the simulator speak
 # (trainvitals/faultspec.py)
 KINDS: dict[str, dict[str, Param]] = {
@@ -95,8 +96,9 @@ KINDS: dict[str, dict[str, Param]] = {
     },
     "spike": {"step": _WHOLE, "kind": Param("text", "batch", choices=("batch", "lr"))},
     "nan": {"step": _WHOLE},
-    # where: between steps (after the monitor's step), or inside the forward (its first
-    # block's feed-forward), where the others wait for it in the model's collectives
+    # where: between steps (after the monitor's step), or inside the forward or the
+    # backward (its first block's feed-forward), where the others wait for it in the
+    # model's collectives
     "crash": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE, "where": _WHERE},
     "hang": {"rank": _WHOLE, "step": _WHOLE, "node": _NODE, "where": _WHERE},
     "diverge": {"step": _WHOLE, "growth": Param("number", 1.3, low=1, high=10, words="in (1, 10]")},
@@ -361,14 +363,18 @@ class FaultInjector:
             self._stop(hits[0], step, monitor)
 
     def arm_crash_or_hang(self, model: nn.Module, step: int, monitor) -> None:
-        """A crash or hang `where=forward` stops the rank inside its forward at its step,
-        in its first block's feed-forward (after that block's all-gather), as a deadlock
-        or a runaway loop in the model's code would: the others go on to the model's next
-        collectives and wait for it there, mid-step."""
-        hits = [f for f in self._crashes_and_hangs(step) if f.params["where"] == "forward"]
-        if hits:
-            block = next(m for name, m in model.named_modules() if name.endswith("feed_forward"))
+        """A crash or hang `where=forward` (or `backward`) stops the rank inside its forward
+        (or backward) at its step, in its first block's feed-forward (after that block's
+        all-gather), as a deadlock or a runaway loop in the model's code would: the others
+        go on to the model's next collectives and wait for it there, mid-step."""
+        hits = [f for f in self._crashes_and_hangs(step) if f.params["where"] != "step"]
+        if not hits:
+            return
+        block = next(m for name, m in model.named_modules() if name.endswith("feed_forward"))
+        if hits[0].params["where"] == "forward":
             block.register_forward_pre_hook(lambda _m, _i: self._stop(hits[0], step, monitor))
+        else:
+            block.register_full_backward_pre_hook(lambda _m, _g: self._stop(hits[0], step, monitor))
 
     def _crashes_and_hangs(self, step: int) -> list[Fault]:
         return [f for f in self._mine("crash", step) + self._mine("hang", step) if self._fires(f)]

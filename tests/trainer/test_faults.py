@@ -199,6 +199,28 @@ def test_a_crash_where_forward_stops_the_rank_inside_its_forward_at_its_step(
     assert monitor.events[0][3] == {"where": "forward"}
 
 
+def test_a_hang_where_backward_stops_the_rank_in_its_backward(monkeypatch) -> None:
+    """where=backward: the forward runs through; the rank stops once the backward reaches
+    its first block's feed-forward (the hang's endless sleep mocked as an exception)."""
+
+    class Hung(Exception):
+        pass
+
+    def sleep(_s: float) -> None:
+        raise Hung
+
+    monkeypatch.setattr("trainvitals.trainer.faults.time.sleep", sleep)
+    monitor, model = _Recorder(), _Block()
+    inj = FaultInjector(["hang:rank=0,step=2,where=backward"], rank=0, world_size=1)
+    inj.arm_crash_or_hang(model, 2, monitor)
+    out = model(torch.ones(2, 64, requires_grad=True))  # the forward is not stopped
+    assert monitor.events == []
+    with pytest.raises(Hung):
+        out.sum().backward()
+    assert [e[:3] for e in monitor.events] == [("fault:hang", 2, 0)]
+    assert monitor.events[0][3] == {"where": "backward"}
+
+
 def _compute_times(path: Path) -> dict[tuple[int, int], float]:
     """(rank, step) -> compute_time_s of a telemetry file."""
     out = {}
