@@ -301,37 +301,33 @@ def test_a_straggler_scales_from_its_whole_normal_step_without_compounding() -> 
     assert all(x == pytest.approx(0.004, abs=1e-4) for x in injected[3:]), injected  # 0.5 x 8 ms
 
 
-def test_a_straggler_can_grow_over_ramp_steps_and_end_at_until() -> None:
-    """ramp=4: 1/4, 2/4, 3/4 then all of the slowdown from its step; none from `until`."""
-    inj = FaultInjector(["straggler:rank=0,step=3,slowdown=0.8,ramp=4,until=9"], rank=0,
-                        world_size=1)  # fmt: skip
+def _busy_per_step(spec: str, steps: int) -> list[float]:
+    """The work a busy straggler `spec` adds to each of `steps` steps of 10 ms (injected
+    CPU clock)."""
+    inj = FaultInjector([spec], rank=0, world_size=1)
     cpu = _CpuClock()
     inj.clock = ComputeClock(torch.device("cpu"), clock=cpu)
     injected = []
-    for step in range(11):
+    for step in range(steps):
         inj.clock.start()
         cpu.work(0.01)
         before = cpu()
         inj.slow_down(step)
         injected.append(cpu() - before)
         inj.clock.end()
+    return injected
+
+
+def test_a_straggler_can_grow_over_ramp_steps_and_end_at_until() -> None:
+    """ramp=4: 1/4, 2/4, 3/4 then all of the slowdown from its step; none from `until`."""
+    injected = _busy_per_step("straggler:rank=0,step=3,slowdown=0.8,ramp=4,until=9", 11)
     want = [0, 0, 0, 0.002, 0.004, 0.006, 0.008, 0.008, 0.008, 0, 0]  # x 10 ms
     assert injected == pytest.approx(want, abs=1e-4), injected
 
 
 def test_a_straggler_with_every_slows_one_step_in_every() -> None:
     """every=3: slowed at its step and each third step after it (hiccups), not between."""
-    inj = FaultInjector(["straggler:rank=0,step=2,slowdown=2,every=3"], rank=0, world_size=1)
-    cpu = _CpuClock()
-    inj.clock = ComputeClock(torch.device("cpu"), clock=cpu)
-    injected = []
-    for step in range(10):
-        inj.clock.start()
-        cpu.work(0.01)
-        before = cpu()
-        inj.slow_down(step)
-        injected.append(cpu() - before)
-        inj.clock.end()
+    injected = _busy_per_step("straggler:rank=0,step=2,slowdown=2,every=3", 10)
     want = [0, 0, 0.02, 0, 0, 0.02, 0, 0, 0.02, 0]  # 2 x 10 ms at steps 2, 5, 8
     assert injected == pytest.approx(want, abs=1e-4), injected
 
