@@ -64,10 +64,11 @@ class IntermittentSettings:
     min_explained: float = 0.5
     # Training steps over which a rank's hiccups are counted.
     window_steps: int = 500
-    # Hiccups within the window that name a rank: fewer are chance (a busy neighbour took
-    # one rank's core once or twice in 1,000 steps, in the clean runs above).
+    # Hiccups within the window that name a rank: one or two are any rank's bad luck.
     min_hiccups: int = 3
-    # ... and the share of the window's logged time they cost the job, at least.
+    # ... and the share of the window's logged time they cost the job, at least. In the
+    # clean runs above, a busy neighbour made one rank explain 3 slow steps in 1,000, 0.2%
+    # of the time: the share, not the count, keeps those apart.
     min_lost_share: float = 0.03
 
     def __post_init__(self) -> None:
