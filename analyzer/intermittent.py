@@ -42,6 +42,9 @@ from .straggler import sync_time_s
 from .views import RankView, StepView
 
 SECTION = "intermittent"
+# Logged steps whose times must be known before a step can be called slow: the first
+# steps of a run (warm-up, allocation) set no norm.
+_MIN_TYPICAL = 20
 # How each signal says what the rank did, in an alert.
 _DID = {
     "compute_time_s": "computed",
@@ -149,7 +152,7 @@ class IntermittentStragglerDetector:
         step_time_s = s.step_time_s
         if r is None or len(r) < 3 or not step_time_s > 0:
             return []
-        typical_s = self._typical.median() if len(self._typical) >= 20 else math.nan
+        typical_s = self._typical.median() if len(self._typical) >= _MIN_TYPICAL else math.nan
         self._typical.push(step_time_s)
         self._slide(s.step, step_time_s)
         culprits: set[int] = set()

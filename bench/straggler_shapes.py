@@ -178,6 +178,11 @@ SHAPES = {
     "quiet-hiccup-data-dp4": _hiccups(False, "data", dp4=True),
     "hiccup-busy": _hiccups(True, "busy"),
     "quiet-hiccup-busy": _hiccups(False, "busy"),
+    "hiccup-8rank": Shape(
+        RealRun(("straggler:rank=5,step=40,slowdown=10,every=25,how=data",), 300, nproc=8),
+        (Episode((5,), 40, None, within=2 * 25 + WITHIN_STEPS),),
+        "waits 10x its compute for one batch in 25, 8 ranks, dp 4 x tp 2",
+    ),
     "hiccup-small": _small_hiccups(True),
     "quiet-hiccup-small": _small_hiccups(False),
     "checkpoints": _checkpoints(True),
