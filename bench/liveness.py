@@ -96,6 +96,8 @@ def main() -> None:
         help="where the rank stops: between steps, or inside its forward or backward",
     )  # fmt: skip
     args = p.parse_args()
+    if args.tp < 1 or args.ranks % args.tp:
+        p.error(f"--tp {args.tp} must be >= 1 and divide --ranks {args.ranks}")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         collector = Collector(Path(tmp) / "liveness.duckdb")

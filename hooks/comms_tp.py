@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 
-from .collectives import _Tally
+from .collectives import _in_collective, _Tally
 from .layers import local
 
 if TYPE_CHECKING:
@@ -49,17 +49,12 @@ def _waits_marked(meter: CommsMeter) -> Callable:
     "forward". Waited for here instead, under the phase "collective" (as FSDP's are), a
     rank blocked by a peer that hangs mid-forward says it waits, and the peer is the one
     named (bench/liveness.py --where forward --tp 2 named both). The wait is where the
-    first use would block anyway; the output stays what it was (its wait is done once)."""
+    first use would block anyway, and on gloo's CPU tensors no device is involved; the
+    output stays what it was (its wait is done once)."""
 
     def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
-        live = meter.liveness
-        if live is None or not isinstance(output, AsyncCollectiveTensor):
-            return
-        before, live.phase = live.phase, "collective"
-        try:
-            output.trigger_wait()
-        finally:
-            live.phase = before
+        if meter.liveness is not None and isinstance(output, AsyncCollectiveTensor):
+            _in_collective(meter.liveness, output.trigger_wait)()
 
     return hook
 
