@@ -178,11 +178,12 @@ def test_settings_out_of_range_are_refused_naming_the_field(field: str, value) -
 @pytest.mark.slow
 def test_real_run_with_a_rank_waiting_for_one_batch_in_8(tmp_path: Path) -> None:
     """A real dp=2 x tp=2 run on CPU whose rank 2 waits 10x its compute time for one batch
-    in 8 from step 24 (`every=8`): named by its data waits at its third (step 40), and
+    in 8 from step 24 (`every=8`): named by its data waits (at its third, step 40, on a
+    quiet machine; a busy one may make one or two look ordinary: five come by step 56), and
     nobody else; the straggler detector, whose windows hold 3 slow steps in 25, names
     nobody."""
     out = tmp_path / "run.jsonl"
-    run_trainer(["--dp", "2", "--tp", "2", "--steps", "50", "--canary-every", "10",
+    run_trainer(["--dp", "2", "--tp", "2", "--steps", "60", "--canary-every", "10",
                  "--telemetry-file", str(out),
                  "--inject", "straggler:rank=2,step=24,slowdown=10,every=8,how=data"],
                 nproc=4)  # fmt: skip
@@ -192,5 +193,5 @@ def test_real_run_with_a_rank_waiting_for_one_batch_in_8(tmp_path: Path) -> None
     named = [(a.kind, a.rank, a.severity) for a in alerts if "straggler" in a.kind]
     assert named == [(KIND, 2, "warning")], alerts
     alert = next(a for a in alerts if a.kind == KIND)
-    # Its first wait, or its second where a busy machine made the first look ordinary.
-    assert alert.start_step in (24, 32) and "waited for its data" in alert.message, alert
+    # Its onset is one of its waits (the first, where no busy machine hid it).
+    assert alert.start_step in (24, 32, 40) and "waited for its data" in alert.message, alert
