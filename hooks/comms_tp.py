@@ -59,6 +59,35 @@ def _waits_marked(meter: CommsMeter) -> Callable:
     return hook
 
 
+def _backward_waits_marked(meter: CommsMeter) -> Callable:
+    """A forward hook, on every step, for a colwise module on gloo: its input's gradient
+    is all-reduced inside autograd, in the backward of the DTensor the input was made into
+    (DTensor.from_local), which blocks until the peers' partial sums arrive. Hooks on that
+    one graph node say "collective" while it runs, so that a rank blocked there by a peer
+    that hangs mid-backward says it waits and the peer is the one named (before, both were:
+    bench/liveness.py --where backward --tp 2). The hooks die with the step's graph."""
+
+    def hook(_module: nn.Module, args: tuple, _output: Any) -> None:
+        live = meter.liveness
+        node = getattr(args[0], "grad_fn", None) if args else None
+        if live is None or node is None or not torch.is_grad_enabled():
+            return
+        before: list[str] = []
+
+        def enter(_grads: Any) -> None:
+            before.append(live.phase)
+            live.phase = "collective"
+
+        def leave(_grad_inputs: Any, _grad_outputs: Any) -> None:
+            if before:
+                live.phase = before.pop()
+
+        node.register_prehook(enter)
+        node.register_hook(leave)
+
+    return hook
+
+
 def _rowwise_hook(tally: _Tally, timed: bool) -> Callable:
     def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
         out = local(output)  # the replicated sum: what the all-reduce carried
@@ -96,6 +125,9 @@ def install_tp(meter: CommsMeter, model: nn.Module) -> bool:
         timed = timing == "hook"
         if timing == "host":  # gloo: the host blocks where the output is first used
             meter._restore.append(module.register_forward_hook(_waits_marked(meter)).remove)
+            if kind == "colwise":  # and in backward, where the input's gradient is summed
+                marked = _backward_waits_marked(meter)
+                meter._restore.append(module.register_forward_hook(marked).remove)
         if kind == "rowwise":
             hook = _rowwise_hook(meter._tally, timed)
         else:

@@ -226,3 +226,21 @@ def test_a_rank_waiting_for_a_tensor_parallel_peer_mid_forward_says_collective(
     assert proc.returncode == 0, proc.stderr[-5000:]
     seen = json.loads((tmp_path / "phases.json").read_text())
     assert "collective" in seen and seen[-1] == "after: forward", seen
+
+
+@pytest.mark.slow
+def test_a_rank_waiting_for_a_tensor_parallel_peer_mid_backward_says_collective(
+    tmp_path: Path,
+) -> None:
+    """The backward's tensor-parallel all-reduces (the colwise inputs' gradients) run
+    inside autograd, and a rank blocked there said "backward", as its peer stuck mid-
+    backward did: a hang there named both. Rank 0 of a tp = 2 run now says "collective"
+    while it waits for rank 1, held before its first block's feed-forward backward."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node=2", str(Path(__file__).with_name("tp_wait_script.py")),
+            str(tmp_path), "backward"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    seen = json.loads((tmp_path / "phases.json").read_text())
+    assert "collective" in seen and seen[-1] == "after: backward", seen

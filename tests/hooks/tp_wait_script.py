@@ -1,13 +1,14 @@
 """Worker of test_heartbeat.py: where a rank waits for a tensor-parallel peer that stopped
-mid-forward, as its heartbeat phase says it.
+mid-forward (or mid-backward), as its heartbeat phase says it.
 
-torchrun --nproc-per-node 2 tp_wait_script.py OUT_DIR
+torchrun --nproc-per-node 2 tp_wait_script.py OUT_DIR [forward|backward]
 
 Two CPU ranks, tp = 2 over gloo, the reference model metered by CommsMeter with a
-heartbeat Liveness. Rank 1 sleeps HELD_S in its first block's feed-forward pre-hook (a
-peer stuck mid-forward); rank 0 runs on into that block's rowwise all-reduce and waits
-for it there. A thread on rank 0 reads its phase every few ms while its forward runs and
-writes the phases seen, in order, to OUT_DIR/phases.json.
+heartbeat Liveness. Rank 1 sleeps HELD_S in its first block's feed-forward pre-hook
+(forward or full backward: a peer stuck there); rank 0 runs on into that block's
+all-reduce (the rowwise output's in forward, the colwise inputs' gradients' in backward)
+and waits for it there. A thread on rank 0 reads its phase every few ms while the forward
+(or the backward) runs and writes the phases seen, in order, to OUT_DIR/phases.json.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ HELD_S = 3.0  # long enough that rank 0 reaches the all-reduce and waits, on a b
 
 def main() -> None:
     out = Path(sys.argv[1])
+    where = sys.argv[2] if len(sys.argv) > 2 else "forward"
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -41,8 +43,12 @@ def main() -> None:
     meter.liveness = live
     phases = PhaseHooks(model, live)
     block = next(m for name, m in model.named_modules() if name.endswith("feed_forward"))
-    if rank == 1:
+    if rank == 1 and where == "forward":
         block.register_forward_pre_hook(lambda _m, _i: time.sleep(HELD_S))
+    elif rank == 1:
+        block.register_full_backward_pre_hook(lambda _m, _g: time.sleep(HELD_S))
+    tokens = torch.randint(0, 256, (2, 16))
+    loss = model(tokens).float().mean() if where == "backward" else None
     seen: list[str] = []
     done = threading.Event()
 
@@ -54,7 +60,10 @@ def main() -> None:
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    model(torch.randint(0, 256, (2, 16)))
+    if loss is None:
+        model(tokens)
+    else:
+        loss.backward()
     seen.append(f"after: {live.phase}")
     done.set()
     watcher.join()
