@@ -422,6 +422,28 @@ def first_jump(layers: pd.DataFrame) -> pd.Series | None:
     return hits.sort_values(["step", "layer"]).iloc[0]
 
 
+def intermittent_ranks(alerts: pd.DataFrame, first: int, last: int | None) -> dict[int, float]:
+    """Ranks an `intermittent_straggler` episode named that overlaps steps first..last
+    (None: to the latest), each with the largest share of the logged time it held the job
+    up (the alert's value). The detector judges single steps, which the Ranks view's
+    bucket means average away: its alerts are the only faithful source."""
+    rows = alerts[(alerts["kind"] == "intermittent_straggler") & alerts["rank"].notna()]
+    end = float("inf") if last is None else last
+    named: dict[int, float] = {}
+    for rank, episodes in rows.sort_values("step").groupby("rank"):
+        raised: tuple[int, float] | None = None
+        for row in episodes.itertuples():
+            if row.severity != "resolved":
+                raised = (int(row.step), float(row.value))
+                continue
+            if raised is not None and raised[0] <= end and row.step >= first:
+                named[int(rank)] = max(named.get(int(rank), 0.0), raised[1])
+            raised = None
+        if raised is not None and raised[0] <= end:  # still open
+            named[int(rank)] = max(named.get(int(rank), 0.0), raised[1])
+    return named
+
+
 def first_alert_after(faults: pd.DataFrame, alerts: pd.DataFrame) -> pd.DataFrame:
     """Each injected fault with the first alert at or after its step, and the delay in steps.
 

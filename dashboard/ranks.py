@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,6 +49,9 @@ class RanksData:
     collectives: dict[str, tuple[Series, Series]]
     # Collectives the run reported at zero bytes on every rank (DDP's all-gather).
     idle_collectives: tuple[str, ...] = ()
+    # Ranks the intermittent straggler detector named in the window: rank -> the share of
+    # the logged time it held the job up (derive.intermittent_ranks).
+    intermittent: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 # Asked of the collector in two requests, each one scan of the window's rank rows (one
@@ -83,8 +87,9 @@ def load(client: CollectorClient, run: RunSummary, window: Window) -> RanksData:
         data_means=grid[("data_time_s", "mean")],
         stopped_means=grid[("stopped_time_s", "mean")],
         collective_means=tuple(grid[(field, "mean")] for field in COLLECTIVE_TIMES),
-        device={field: means[(field, "mean")] for field, _, _ in DEVICE_METRICS},
-        **load_collectives(lambda field: means[(field, "mean")]),
+        device={name: means[(name, "mean")] for name, _, _ in DEVICE_METRICS},
+        intermittent=derive.intermittent_ranks(client.alerts(run.run_id), window.start, window.end),
+        **load_collectives(lambda name: means[(name, "mean")]),
     )
 
 
@@ -166,7 +171,16 @@ def slowest_ranks(data: RanksData, time_name: str, run: RunSummary) -> None:
         "beyond the median rank, summed over the window: a synchronous step waits for its "
         "slowest rank."
     )
-    shown = costs.head(SLOWEST_SHOWN)
+    # A rank named for single slow steps is shown whatever its rank in the averages.
+    held_up = costs["rank"].map(data.intermittent) * 100
+    shown = costs.assign(held_up=held_up)
+    shown = shown[(shown.index < SLOWEST_SHOWN) | held_up.notna()]
+    if data.intermittent:
+        st.caption(
+            "Held up the job in single steps: ranks the intermittent straggler detector "
+            "named in this window (a step now and then, which the averages here hide), with "
+            "the share of the logged time the job waited for them."
+        )
     st.dataframe(
         shown.assign(
             slower=shown["slower"] * 100,
@@ -185,6 +199,9 @@ def slowest_ranks(data: RanksData, time_name: str, run: RunSummary) -> None:
             ),
             "stopped": st.column_config.NumberColumn(
                 "stopped beyond median (% of step)", format="%.1f"
+            ),
+            "held_up": st.column_config.NumberColumn(
+                "held up the job in single steps (% of time)", format="%.1f"
             ),
             "behind_s": st.column_config.NumberColumn("cost to the job (s)", format="%.3f"),
             "mean_s": st.column_config.NumberColumn(f"mean {time_name} (s)", format="%.4f"),

@@ -341,3 +341,21 @@ def test_first_alert_after_each_fault_and_its_delay() -> None:
     assert matched["first_alert"].tolist()[:2] == ["straggler", "sdc"]
     assert matched["delay_steps"].tolist()[:2] == [5, 0]
     assert pd.isna(matched["first_alert"][2])  # nothing fired after step 200
+
+
+def test_intermittent_ranks_are_the_episodes_that_overlap_the_window() -> None:
+    alerts = pd.DataFrame(
+        {
+            "kind": ["intermittent_straggler"] * 4 + ["straggler"],
+            "severity": ["warning", "resolved", "warning", "resolved", "warning"],
+            "step": [100, 300, 400, 500, 50],
+            "rank": pd.array([2, 2, 5, 5, 1], dtype="Int64"),
+            "value": [0.06, math.nan, 0.04, math.nan, 0.2],
+        }
+    )
+    assert derive.intermittent_ranks(alerts, 0, None) == {2: 0.06, 5: 0.04}
+    assert derive.intermittent_ranks(alerts, 310, 399) == {}  # between the two episodes
+    assert derive.intermittent_ranks(alerts, 250, 260) == {2: 0.06}  # inside rank 2's
+    assert derive.intermittent_ranks(alerts, 0, 99) == {}  # before either began
+    still_open = alerts[alerts["step"] != 500]
+    assert derive.intermittent_ranks(still_open, 600, None) == {5: 0.04}
