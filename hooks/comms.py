@@ -41,7 +41,9 @@ thread (taking the GIL briefly per collective, a step or so after it ran), for e
 collective timing on (TORCH_NCCL_ENABLE_TIMING=1, or time_collectives=True).
 On gloo, FSDP's collectives block the host, so the host time of the call is the collective's
 time (a done-callback on the future when FSDP issues one asynchronously); DTensor's
-collectives on gloo give nothing to time by. A kind whose collectives were not all timed
+tensor-parallel collectives on gloo are timed where the hooks wait for them (comms_tp.py:
+the forward's at the module's output, the backward's on the graph node that all-reduces a
+colwise input's gradient). A kind whose collectives were not all timed
 reports NaN. Durations include waiting for the slowest peer, and overlapping collectives
 each count in full, so the sum can exceed the step time.
 

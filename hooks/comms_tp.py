@@ -6,6 +6,7 @@ trainer/parallel.py). See comms.py for the rules.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,45 +43,59 @@ def _tp_style(module: nn.Module) -> str | None:
     return "unknown"
 
 
-def _waits_marked(meter: CommsMeter) -> Callable:
+def _forward_waits(meter: CommsMeter, kind: str) -> Callable:
     """A forward hook, on every step, for a tensor-parallel module on gloo: DTensor hands
-    back the output of its collective (the rowwise all-reduce) before it completes, and the
-    host blocks at the output's first use, between modules, while the heartbeat says
-    "forward". Waited for here instead, under the phase "collective" (as FSDP's are), a
-    rank blocked by a peer that hangs mid-forward says it waits, and the peer is the one
-    named (bench/liveness.py --where forward --tp 2 named both). The wait is where the
-    first use would block anyway, and on gloo's CPU tensors no device is involved; the
-    output stays what it was (its wait is done once)."""
+    back the output of its collective (the rowwise all-reduce, the all-gather of a colwise
+    output made whole) before it completes, and the host would block at the output's first
+    use, between modules, while the heartbeat says "forward" and no clock runs. Waited for
+    here instead: under the phase "collective" (as FSDP's are), so that a rank blocked by a
+    peer that hangs mid-forward says it waits and the peer is the one named (bench/
+    liveness.py --where forward --tp 2 named both), and timed on armed steps, so that a
+    rank the others wait for here arrives late (the straggler's arrival signal; without
+    it an idle rank under tp went unnamed). The wait is where the first use would block
+    anyway, and on gloo's CPU tensors no device is involved; the output stays what it was
+    (its wait is done once)."""
 
     def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
-        if meter.liveness is not None and isinstance(output, AsyncCollectiveTensor):
-            _in_collective(meter.liveness, output.trigger_wait)()
+        if not isinstance(output, AsyncCollectiveTensor):
+            return
+        start_s = time.perf_counter()
+        _in_collective(meter.liveness, output.trigger_wait)()
+        if meter.armed:
+            meter._tally.add_time(kind, time.perf_counter() - start_s)
 
     return hook
 
 
-def _backward_waits_marked(meter: CommsMeter) -> Callable:
+def _backward_waits(meter: CommsMeter) -> Callable:
     """A forward hook, on every step, for a colwise module on gloo: its input's gradient
     is all-reduced inside autograd, in the backward of the DTensor the input was made into
     (DTensor.from_local), which blocks until the peers' partial sums arrive. Hooks on that
     one graph node say "collective" while it runs, so that a rank blocked there by a peer
     that hangs mid-backward says it waits and the peer is the one named (before, both were:
-    bench/liveness.py --where backward --tp 2). The hooks die with the step's graph."""
+    bench/liveness.py --where backward --tp 2), and time it on armed steps, as above. The
+    hooks die with the step's graph."""
 
     def hook(_module: nn.Module, args: tuple, _output: Any) -> None:
-        live = meter.liveness
         node = getattr(args[0], "grad_fn", None) if args else None
-        if live is None or node is None or not torch.is_grad_enabled():
+        if node is None or not torch.is_grad_enabled():
             return
-        before: list[str] = []
+        live, armed = meter.liveness, meter.armed
+        entered: list[tuple[float, str]] = []
 
         def enter(_grads: Any) -> None:
-            before.append(live.phase)
-            live.phase = "collective"
+            entered.append((time.perf_counter(), live.phase if live is not None else ""))
+            if live is not None:
+                live.phase = "collective"
 
         def leave(_grad_inputs: Any, _grad_outputs: Any) -> None:
-            if before:
-                live.phase = before.pop()
+            if not entered:
+                return
+            start_s, before = entered.pop()
+            if live is not None:
+                live.phase = before
+            if armed:
+                meter._tally.add_time("all_reduce", time.perf_counter() - start_s)
 
         node.register_prehook(enter)
         node.register_hook(leave)
@@ -122,12 +137,12 @@ def install_tp(meter: CommsMeter, model: nn.Module) -> bool:
             continue
         weight = module._parameters["weight"]
         timing = meter._timing_of(weight.device_mesh.get_group("tp"))
-        timed = timing == "hook"
-        if timing == "host":  # gloo: the host blocks where the output is first used
-            meter._restore.append(module.register_forward_hook(_waits_marked(meter)).remove)
+        timed = timing in ("hook", "host")
+        if timing == "host":  # gloo: waited for and timed by these hooks, every step
+            waits = _forward_waits(meter, "all_reduce" if kind == "rowwise" else "all_gather")
+            meter._restore.append(module.register_forward_hook(waits).remove)
             if kind == "colwise":  # and in backward, where the input's gradient is summed
-                marked = _backward_waits_marked(meter)
-                meter._restore.append(module.register_forward_hook(marked).remove)
+                meter._restore.append(module.register_forward_hook(_backward_waits(meter)).remove)
         if kind == "rowwise":
             hook = _rowwise_hook(meter._tally, timed)
         else:

@@ -621,16 +621,18 @@ def test_real_run_with_a_rank_stopped_from_outside(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_real_run_with_a_rank_held_off_the_cpu(tmp_path: Path) -> None:
-    """A real 4-rank run (dp=4, gloo) with rank 3 asleep in each forward from step 20 for
-    twice its compute time (`how=idle`: a CPU quota, a slow file read), about a quarter of
-    a step: neither its CPU time nor its stopped time moves, and the others wait for it in
-    FSDP's collectives, not at the step's end. It is named by its arrival there, and nobody
-    else is; with the collectives' times left out (the step's end alone, as before),
-    nobody is named."""
+    """A real 4-rank run (dp=2 x tp=2, gloo) with rank 3 asleep in each forward from step
+    20 for twice its compute time (`how=idle`: a CPU quota, a slow file read), about a
+    quarter of a step: neither its CPU time nor its stopped time moves, and the others wait
+    for it in the model's collectives, not at the step's end: its tensor-parallel peer in
+    DTensor's, which the hooks time where they wait for them, the other two in FSDP's. It
+    is named by its arrival there, and nobody else is (not its tensor-parallel peer, which
+    arrives with it at FSDP's); with the collectives' times left out (the step's end alone,
+    as before), nobody is named."""
     out = tmp_path / "run.jsonl"
     # From step 20, not 10: the run's first steps are the noisiest, and the onset is the
     # window's first step over the bar after two in a row under it.
-    run_trainer(["--dp", "4", "--steps", "70", "--telemetry-file", str(out),
+    run_trainer(["--dp", "2", "--tp", "2", "--steps", "70", "--telemetry-file", str(out),
                  "--inject", "straggler:rank=3,step=20,slowdown=2,how=idle"],
                 nproc=4)  # fmt: skip
     alerts = _straggler_alerts(out)
@@ -648,19 +650,22 @@ def test_real_run_with_a_rank_held_off_the_cpu(tmp_path: Path) -> None:
 def test_real_run_with_a_rank_waiting_for_its_data(tmp_path: Path) -> None:
     """A real dp=2 x tp=2 run (gloo) with rank 2 waiting for each batch as long as it
     computes from step 20 (`how=data`: a slow file system on its node). The others wait
-    for it in the forward's collectives, which gloo does not time under tensor
-    parallelism, so only its data time tells. It is named by it, and nobody else is: its
-    data-parallel peer, rank 0, waits for it in FSDP's first all-gather, which the hooks
-    no longer count as data time."""
+    for it in the forward's collectives, and it is named, by its arrival there, and nobody
+    else is. Without those collectives' times (the hooks did not time DTensor's on gloo
+    before) its data time alone names it, and still nobody else: its data-parallel peer,
+    rank 0, waits for it in FSDP's first all-gather, which the hooks do not count as data
+    time."""
     out = tmp_path / "run.jsonl"
     run_trainer(["--dp", "2", "--tp", "2", "--steps", "70", "--telemetry-file", str(out),
                  "--inject", "straggler:rank=2,step=20,slowdown=1,how=data"],
                 nproc=4)  # fmt: skip
     alerts = _straggler_alerts(out)
     assert [(a.rank, a.severity) for a in alerts] == [(2, "warning")], alerts
-    assert "waiting for its data" in alerts[0].message, alerts[0].message
-    assert "also" not in alerts[0].message, alerts[0].message
     # The onset may be a step or two early: steps just before the fault that
     # cleared the bar by noise (18 once in CI) cannot be told from its start.
     assert alerts[0].start_step >= 20 - 2
-    assert _straggler_alerts(out, drop=("data_time_s",)) == []
+    by_data = _straggler_alerts(out, drop=COLLECTIVE_TIMES)
+    assert [(a.rank, a.severity) for a in by_data] == [(2, "warning")], by_data
+    assert "waiting for its data" in by_data[0].message, by_data[0].message
+    assert "also" not in by_data[0].message, by_data[0].message
+    assert _straggler_alerts(out, drop=(*COLLECTIVE_TIMES, "data_time_s")) == []

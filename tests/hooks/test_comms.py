@@ -90,11 +90,12 @@ def _assert_run(results: list[dict], dp: int, tp: int) -> None:
                 if variant == "fp16_reduce":  # the reduce-scatter carries fp16
                     took = {**took, "reduce_scatter_bytes": 2 * took["reduce_scatter_bytes"]}
                 assert {k: took[k] for k in expected} == expected, where
-                # gloo: FSDP's blocking collectives are timed by the host; DTensor's are not.
+                # gloo: FSDP's blocking collectives are timed by the host, DTensor's by the
+                # hooks that wait for them (forward) and time their graph node (backward).
                 assert took["reduce_scatter_time_s"] > 0, where
-                assert (took["all_gather_time_s"] > 0) == (tp == 1), where
-                assert math.isnan(took["all_gather_time_s"]) == (tp > 1), where
-                assert math.isnan(took["all_reduce_time_s"]) == (tp > 1), where
+                assert took["all_gather_time_s"] > 0, where
+                reduced_s = took["all_reduce_time_s"]
+                assert reduced_s > 0 if tp > 1 else reduced_s == 0, where
             assert first["local_grad_sumsq"] == 0.0, f"{where}: counted while disarmed"
             for step in armed:
                 ref = step["reference_sumsq"]
