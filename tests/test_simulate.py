@@ -26,7 +26,7 @@ def _column(docs: list[dict], table: str, name: str) -> list:
 
 def test_parse_fault_reads_every_kind_with_defaults() -> None:
     assert parse_fault("straggler:rank=3,step=100,slowdown=0.2") == Fault(
-        "straggler", 100, 3, {"slowdown": 0.2}
+        "straggler", 100, 3, {"slowdown": 0.2, "until": 0, "ramp": 0, "every": 0}
     )
     assert parse_fault("sdc:rank=1,step=5").params == {"grad_factor": 30.0}
     assert parse_fault("spike:step=7,factor=4") == Fault("spike", 7, -1, {"factor": 4.0})
@@ -139,7 +139,7 @@ def test_faults_change_what_they_should_and_are_recorded_as_ground_truth() -> No
         ("run_end", -1, 20),
     }
     straggler = next(e for e in rows if e["kind"] == "fault:straggler")
-    assert json.loads(straggler["detail"]) == {"slowdown": 0.5}
+    assert json.loads(straggler["detail"]) == {"slowdown": 0.5, "until": 0, "ramp": 0, "every": 0}
 
     def step(docs, n):
         return next(d for d in docs if "steps" in d and d["steps"]["step"][0] == n)
@@ -166,6 +166,24 @@ def test_faults_change_what_they_should_and_are_recorded_as_ground_truth() -> No
     s9 = step(faulty, 9)["ranks"]
     assert s9["throttle_reasons"][1] == 0x20 and s9["throttle_reasons"][0] == 0
     assert s9["sm_clock_mhz"][1] < 0.75 * s9["sm_clock_mhz"][0]
+
+
+def test_a_straggler_follows_its_schedule_as_the_trainers_does() -> None:
+    """until, ramp and every, as the trainer's straggler takes them (faultspec)."""
+    schedules = {
+        "every=5": [1.5, 1, 1, 1, 1, 1.5, 1, 1, 1, 1, 1.5],
+        "until=8": [1.5] * 6 + [1] * 5,
+        "ramp=4": [1.125, 1.25, 1.375, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5],
+    }
+    clean = _docs()
+    for schedule, expected in schedules.items():
+        faulty = _docs(faults=(f"straggler:rank=3,step=2,slowdown=0.5,{schedule}",))
+        ratios = [
+            f["ranks"]["compute_time_s"][3] / c["ranks"]["compute_time_s"][3]
+            for f, c in zip(faulty, clean, strict=True)
+            if "ranks" in f and 2 <= f["steps"]["step"][0] <= 12
+        ]
+        assert ratios == pytest.approx(expected, rel=1e-4), schedule  # the drift moves a hair
 
 
 def test_per_node_documents_hold_the_same_rows() -> None:

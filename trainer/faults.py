@@ -85,9 +85,7 @@ KINDS: dict[str, dict[str, Param]] = {
         "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
         "slowdown": Param("number", low=0, high=10, words="in (0, 10]"),
         "how": Param("text", "busy", choices=("busy", "idle", "data")),
-        "until": Param("whole", 0),  # the first step no longer slowed; 0: the run's end
-        "ramp": Param("whole", 0),  # steps over which the slowdown grows to its full size
-        "every": Param("whole", 0),  # slowed only every this many steps (hiccups); 0: each
+        **faultspec.STRAGGLER_SCHEDULE,
     },
     "sdc": {
         "rank": _WHOLE, "step": _WHOLE, "node": _NODE,
@@ -296,20 +294,8 @@ class FaultInjector:
         if base_s is None:
             return  # not slowed, or no step measured yet (the first step of a run)
         for f in faults:
-            if slowdown := self._slowdown(f, step):
+            if slowdown := faultspec.straggler_slowdown(f, step):
                 self.clock.busy(slowdown * base_s)
-
-    @staticmethod
-    def _slowdown(f: Fault, step: int) -> float:
-        """A straggler's slowdown at `step` (at or after its first): none from `until` on
-        nor between its `every` steps, growing linearly over its first `ramp` steps."""
-        p = f.params
-        if p["until"] and step >= p["until"]:
-            return 0.0
-        if p["every"] and (step - f.step) % p["every"]:
-            return 0.0
-        grown = min(1.0, (step - f.step + 1) / p["ramp"]) if p["ramp"] else 1.0
-        return p["slowdown"] * grown
 
     def arm_idle(self, model: nn.Module, step: int) -> None:
         """From its step on (at once in a resumed run past it), an idle straggler sleeps
@@ -328,7 +314,7 @@ class FaultInjector:
 
     def _idle(self, f: Fault) -> None:
         base_s = self.clock.baseline_s()
-        slowdown = self._slowdown(f, self._step)
+        slowdown = faultspec.straggler_slowdown(f, self._step)
         if base_s is not None and slowdown:
             self.clock.idle(slowdown * base_s)
 
@@ -341,7 +327,7 @@ class FaultInjector:
         if base_s is None:
             return  # no step measured yet (the first step of a run)
         for f in self._mine("straggler", step, started=True):
-            if f.params["how"] == "data" and (slowdown := self._slowdown(f, step)):
+            if f.params["how"] == "data" and (slowdown := faultspec.straggler_slowdown(f, step)):
                 self.clock.idle(slowdown * base_s)
 
     def pause(self, step: int, monitor) -> None:

@@ -122,3 +122,23 @@ def _whole(text: str) -> int | None:
             return None
         value = int(number)
     return value if value >= 0 else None
+
+
+# The straggler's schedule: parameters both the trainer and the simulator take.
+STRAGGLER_SCHEDULE = {
+    "until": Param("whole", 0),  # the first step no longer slowed; 0: the run's end
+    "ramp": Param("whole", 0),  # steps over which the slowdown grows to its full size
+    "every": Param("whole", 0),  # slowed only every this many steps (hiccups); 0: each
+}
+
+
+def straggler_slowdown(f: Fault, step: int) -> float:
+    """A straggler's slowdown at `step` (at or after its first): none from `until` on nor
+    between its `every` steps, growing linearly over its first `ramp` steps."""
+    p = f.params
+    if p["until"] and step >= p["until"]:
+        return 0.0
+    if p["every"] and (step - f.step) % p["every"]:
+        return 0.0
+    grown = min(1.0, (step - f.step + 1) / p["ramp"]) if p["ramp"] else 1.0
+    return p["slowdown"] * grown

@@ -57,10 +57,12 @@ _WHOLE = Param("whole")  # rank, step
 # no value overflows: a spike's factor is squared into the gradient norms, and a stall's
 # seconds advance the clock that the daily drift takes the sine of.
 FAULTS: dict[str, dict[str, Param]] = {
-    # the rank computes `slowdown` x longer from `step` on
+    # the rank computes `slowdown` x longer from `step` on (up to `until`, growing over
+    # `ramp` steps, or only every `every` steps: faultspec.STRAGGLER_SCHEDULE)
     "straggler": {
         "rank": _WHOLE, "step": _WHOLE,
         "slowdown": Param("number", low=0, high=10, words="in (0, 10]"),
+        **faultspec.STRAGGLER_SCHEDULE,
     },
     # from `step` on the rank's canary and replica fingerprints are wrong and its local
     # gradient norm is `grad_factor` x the others'
@@ -333,7 +335,7 @@ class _Fleet:
     def _slow_down(self, compute: np.ndarray, step: int) -> None:
         """Stretch each rank's compute time by the straggler and throttle faults active."""
         for f in self._active("straggler", step):
-            compute[f.rank] *= 1 + f.params["slowdown"]
+            compute[f.rank] *= 1 + faultspec.straggler_slowdown(f, step)
         for f in self._active("throttle", step):
             compute[f.rank] /= 1 - f.params["clock_drop"]  # work per clock cycle is fixed
 
