@@ -9,8 +9,8 @@ collectives: `sync_time_s`), as a fraction of the step (the only one from a prod
 without compute times), and, on CPU ranks, how much longer than the median rank it
 waited for its data (`data_time_s`), as a fraction of the step (a slow file system or a
 starved loader on its node: off the CPU, and the others wait for it in the forward's first
-collectives, which gloo does not time under tensor parallelism; an accelerator's host
-time also holds its waits for the device, and NCCL's collectives are timed) and how much
+collectives, which tell only where they are timed; an accelerator's host time also holds
+its waits for the device, and NCCL's collectives are timed) and how much
 longer than the median rank its process was stopped, as a fraction of the step
 (hooks/stopped.py: a rank stopped from outside uses no more CPU time, and most of its
 stops land inside a collective, where every rank waits anyway, so neither other signal

@@ -8,7 +8,8 @@ processes on the machine's cores unless said) meets others:
   drifting down), then staying so;
 - two at once: two of the four ranks 25% slower from the same step;
 - idle: one rank asleep in its forward for twice its compute time (`how=idle`, as under a
-  CPU quota), dp 4 and dp 2 x tp 2 (whose tensor-parallel collectives gloo does not time);
+  CPU quota), dp 4 and dp 2 x tp 2 (whose tensor-parallel collectives the hooks time on
+  gloo where they wait for them, since 2026-11-29);
 - data: one rank waiting for its batches as long as it computes (`how=data`: a slow
   file system), dp 2 x tp 2 and dp 4;
 - hiccups: one rank waiting 10x its compute time for one batch in 25 (`every=25`: a shared

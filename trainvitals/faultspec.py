@@ -141,4 +141,4 @@ def straggler_slowdown(f: Fault, step: int) -> float:
     if p["every"] and (step - f.step) % p["every"]:
         return 0.0
     grown = min(1.0, (step - f.step + 1) / p["ramp"]) if p["ramp"] else 1.0
-    return p["slowdown"] * grown
+    return float(p["slowdown"]) * grown

@@ -126,21 +126,22 @@ def test_a_hung_rank_is_named(collector: Collector) -> None:
 
 
 def test_a_declared_pause_is_no_hang_and_an_undeclared_one_is(collector: Collector) -> None:
-    # Every rank pauses 15 s twice: after step 120 declared as a checkpoint save (as the
-    # trainer's own saves are), after step 240 undeclared (a loop that does not say).
+    # Every rank pauses 12 s twice: after step 80 declared as a checkpoint save (as the
+    # trainer's own saves are), after step 160 undeclared (a loop that does not say).
     # QUICK's hang floor is 8 s once 3 heartbeats (2 s apart) have seen progress; before,
-    # 30 s. The tiny model's steps take about 0.1 s here: 120 of them are seen 6 times.
-    declared = "pause:step=120,seconds=15,phase=checkpoint"
+    # 30 s. The tiny model's steps take about 0.1 s here: 80 of them are seen 4 times, and
+    # the 160 before the undeclared pause, with the declared one, over 10 times.
+    declared = "pause:step=80,seconds=12,phase=checkpoint"
     trainer = start_trainer(
-        collector.url, declared, "pause:step=240,seconds=15,phase=none", steps=280
+        collector.url, declared, "pause:step=160,seconds=12,phase=none", steps=200
     )
     try:
         assert trainer.wait(patience_s(600)) == 0
     finally:
         kill_job(trainer)
     rows = wait_until(lambda: r if len(r := alerts(collector, "hang")) >= 2 else None)
-    hang, resolved = rows  # none for the declared pause after step 120
-    assert (hang["step"], hang["severity"], hang["rank"]) == (241, "critical", None), hang
+    hang, resolved = rows  # none for the declared pause after step 80
+    assert (hang["step"], hang["severity"], hang["rank"]) == (161, "critical", None), hang
     assert "the whole job paused: all 4 ranks in data_wait (4)" in hang["message"], hang
     assert "at least 8 s" in hang["message"], hang  # the step's threshold, not start-up's
     assert resolved["severity"] == "resolved"
