@@ -20,19 +20,23 @@ CANARY_EVERY = 5  # steps between canary fingerprints
 # That rank computes 20% longer: a straggler (20 of 25 steps) whose job loses 16% of its
 # throughput, under the throughput_drop bar (20%), so that each fault raises its own alert.
 STRAGGLER_RANK, STRAGGLER_SLOWDOWN = 3, 0.2
+# That rank computes twice as long one step in HICCUP_EVERY: named at its third such step
+# (3 of 25 slow steps, no straggler), the job's throughput down about 13%, under the bar.
+HICCUP_RANK, HICCUP_EVERY = 1, 8
 SDC_RANK = 2
 POWER_W = 300.0  # each device's draw
-FAULTS = ("loss_spike", "nonfinite", "straggler", "sdc")
 # The collector of the end-to-end test requires a token, as the compose stack's does
 # (servers.py): reads and writes, and Prometheus' scrapes, all carry it.
 TOKEN = "e2e-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
-def _rank_rows(step: int, fault: str | None) -> list[dict]:
+def _rank_rows(step: int, fault: str | None, fault_step: int = -1) -> list[dict]:
     compute = [0.45 * (1 + 0.01 * math.sin(step + r)) for r in range(WORLD)]
     if fault == "straggler":
         compute[STRAGGLER_RANK] *= 1 + STRAGGLER_SLOWDOWN
+    if fault == "intermittent_straggler" and (step - fault_step) % HICCUP_EVERY == 0:
+        compute[HICCUP_RANK] *= 2
     step_time = max(compute) + 0.03  # everyone waits for the slowest at the all-reduce
     rows = []
     for r in range(WORLD):
@@ -73,7 +77,7 @@ def batch(
             loss, grad_norm = loss * 3, grad_norm * 5
         elif active == "nonfinite":
             loss, grad_norm = math.nan, math.nan
-        ranks = _rank_rows(step, active)
+        ranks = _rank_rows(step, active, fault_step)
         step_time = ranks[0]["step_time_s"]
         b.append(
             "steps",

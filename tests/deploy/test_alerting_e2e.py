@@ -40,9 +40,17 @@ CASES = {
     "loss_spike": ("TrainvitalsLossSpike", {"severity": "warning", "kind": "loss_spike"}),
     "nonfinite": ("TrainvitalsNonFinite", {"severity": "critical", "kind": "nonfinite"}),
     "straggler": ("TrainvitalsStraggler", {"severity": "warning", "kind": "straggler"}),
+    "intermittent_straggler": (
+        "TrainvitalsIntermittentStraggler",
+        {"severity": "warning", "kind": "intermittent_straggler"},
+    ),
     "sdc": ("TrainvitalsSDCSuspect", {"severity": "critical", "kind": "sdc"}),
 }
-CULPRIT_RANK = {"straggler": runs.STRAGGLER_RANK, "sdc": runs.SDC_RANK}
+CULPRIT_RANK = {
+    "straggler": runs.STRAGGLER_RANK,
+    "intermittent_straggler": runs.HICCUP_RANK,
+    "sdc": runs.SDC_RANK,
+}
 
 
 class Stack:
