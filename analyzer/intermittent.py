@@ -144,6 +144,8 @@ class IntermittentStragglerDetector:
         self._times: deque[tuple[int, float]] = deque()  # (step, step time) in the window
         self._time_s = 0.0  # their sum
         self._hiccups: deque[_Hiccup] = deque()
+        # (step, rank) of every slow step a rank explained in the window, hiccup or not
+        self._slow_steps: deque[tuple[int, int]] = deque()
         self._last_culprits: set[int] = set()  # the ranks that explained the last step
         self._open: dict[int, Alert] = {}  # rank -> its episode's alert
 
@@ -170,6 +172,8 @@ class IntermittentStragglerDetector:
             self._time_s -= self._times.popleft()[1]
         while self._hiccups and self._hiccups[0].step < first:
             self._hiccups.popleft()
+        while self._slow_steps and self._slow_steps[0][0] < first:
+            self._slow_steps.popleft()
 
     def _hiccups_at(self, s: StepView, r: RankView, extra_s: float) -> set[int]:
         """The ranks that explain this slow step (two that waited alike both do); each is
@@ -179,6 +183,7 @@ class IntermittentStragglerDetector:
         for i in np.flatnonzero(held_s >= self.settings.min_explained * extra_s):
             rank = int(r.rank[i])
             culprits.add(rank)
+            self._slow_steps.append((s.step, rank))
             if rank not in self._last_culprits:
                 lost_s = float(min(held_s[i], extra_s))
                 self._hiccups.append(_Hiccup(s.step, rank, lost_s, columns[i]))
@@ -216,9 +221,8 @@ class IntermittentStragglerDetector:
                 f"it {_DID[column]} and the others waited about "
                 f"{1e3 * lost_s / len(hiccups):.0f} ms for it, {lost_s:.1f} s in all, "
                 f"{100 * share:.0f}% of the logged time; "
-                "between those steps it keeps pace (too rarely slow for a straggler, too "
-                "briefly for a stall: a shared file system's bad moments, a collector "
-                "pause, a page-fault storm). Data: "
+                + self._between(rank, len(hiccups))
+                + " Data: "
                 + data_query(s.run_id, "ranks", column, hiccups[0].step, s.step)
             ),
             value=share,
@@ -228,6 +232,23 @@ class IntermittentStragglerDetector:
         )
         self._open[rank] = alert
         return alert
+
+    def _between(self, rank: int, hiccups: int) -> str:
+        """What the rank did between its hiccups: kept pace, or stayed slow for more steps
+        (the onset of a straggler that is slow only just over the bar, at first)."""
+        more = sum(1 for _, r in self._slow_steps if r == rank) - hiccups
+        if more <= 0:
+            return (
+                "between those steps it made none "
+                f"{self.settings.min_step_ratio:g}x the typical step (too rarely slow for a "
+                "straggler, too briefly for a stall: a shared file system's bad moments, a "
+                "collector pause, a page-fault storm)."
+            )
+        return (
+            f"it also held the job up in {more} step{'s' if more > 1 else ''} right after "
+            "those: it may be turning into a straggler, which the straggler detector names "
+            "once it stays slow."
+        )
 
     def _resolve(self, s: StepView, rank: int, hiccups: list[_Hiccup]) -> Alert:
         alert = self._open.pop(rank)

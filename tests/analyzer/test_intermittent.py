@@ -88,8 +88,21 @@ def test_a_rank_waiting_seconds_for_one_batch_in_25_is_named_at_its_third_wait()
     assert "(last at steps 100, 125, 150)" in alert.message
     assert "it waited for its data and the others waited about 999 ms for it" in alert.message
     assert "metric=data_time_s&start=100&end=150" in alert.message
+    assert "between those steps it made none 1.5x the typical step" in alert.message
     assert alert.value == pytest.approx(3.0 / (0.1 * 148 + 3 * 1.1), rel=0.02)
     assert got[1].start_step == 100
+
+
+def test_slow_steps_right_after_its_hiccups_say_it_may_be_turning_into_a_straggler() -> None:
+    """Rank 2 waits for a batch at steps 100, 103, 106 and computes longer right after
+    each (101, 104): three hiccups and two more slow steps. The alert does not say it
+    made no slow step between them (a straggler's onset looked so, slow just over the
+    bar)."""
+    got = rows(cohort(200, data={2: (100, 3, 0.3)}, busy={2: (101, 3, 0.3)}, until=107))
+    assert [(a.rank, a.severity, a.step) for a in got][:1] == [(2, "warning", 106)]
+    message = got[0].message
+    assert "held the whole job up 3 times" in message and "made none" not in message
+    assert "it also held the job up in 2 steps right after those" in message, message
 
 
 def test_a_rank_computing_longer_now_and_then_is_named_by_its_compute_time() -> None:
