@@ -22,8 +22,16 @@ Judged per logged step, on telemetry only:
   soon follows it.
 A rank is named (one alert, an episode) once the hiccups it caused among the last
 `window_steps` training steps number `min_hiccups` and cost the job `min_lost_share` of
-its logged time; the episode resolves when they no longer do. With `log_every` above 1
-only logged steps are judged: hiccups between them go unseen.
+its logged time; the episode resolves when they number fewer or cost under half that share
+(a rank costing about the share itself is not raised and resolved in turn).
+
+With `log_every` above 1 a logged step stands for the steps since the previous one: their
+time is the gap between the two steps' `time_unix_s`, and the ranks' compute, data and
+stopped times are the hooks' means over them. A hiccup among them shows as their time
+beyond the typical (`min_step_ratio` - 1 typical steps at least), which one rank's own
+times must explain as above, summed over the steps; lateness is not judged there (the
+hooks report it for the logged step alone), so a rank held off the CPU between logged
+steps is not seen.
 """
 
 from __future__ import annotations
@@ -94,7 +102,7 @@ def _check(ok: bool, name: str, rule: str, value: object) -> None:
         raise ValueError(f"{SECTION}.{name} {rule}, got {value!r}")
 
 
-def held_back_s(r: RankView, step_time_s: float, device_type: str) -> tuple[np.ndarray, list]:
+def held_back_s(r: RankView, device_type: str, arrival: bool = True) -> tuple[np.ndarray, list]:
     """Per rank, the seconds it held the others back at this step, and the column that
     says why: by how much its compute time, data wait or stopped time exceeded an ordinary
     rank's, or how much later than an ordinary rank it arrived at the step's
@@ -103,13 +111,13 @@ def held_back_s(r: RankView, step_time_s: float, device_type: str) -> tuple[np.n
     which two ranks of four waiting alike would move by half. Lateness is what the others
     waited; a rank's own time that shows half of it or more is named as the cause. Data
     waits count on CPU ranks only, as for the straggler detector (an accelerator's host
-    time holds its waits for the device)."""
+    time holds its waits for the device). `arrival` False: own times only."""
     own = {"compute_time_s": r.compute_time_s, "stopped_time_s": r.stopped_time_s}
     if host_is_device(device_type):
         own["data_time_s"] = r.data_time_s
     own = {c: t - np.quantile(t, 0.25) for c, t in own.items() if np.isfinite(t).all()}
     late_s = np.zeros(len(r))
-    if np.isfinite(r.wait_time_s).all():
+    if arrival and np.isfinite(r.wait_time_s).all():
         collectives_s = (r.all_gather_time_s, r.reduce_scatter_time_s, r.all_reduce_time_s)
         sync_s = sync_time_s(r.wait_time_s, collectives_s)
         late_s = np.nan_to_num(np.quantile(sync_s, 0.75) - sync_s, nan=0.0)
@@ -148,26 +156,41 @@ class IntermittentStragglerDetector:
         self._slow_steps: deque[tuple[int, int]] = deque()
         self._last_culprits: set[int] = set()  # the ranks that explained the last step
         self._open: dict[int, Alert] = {}  # rank -> its episode's alert
+        self._previous: tuple[int, float] | None = None  # (step, time_unix_s) logged last
 
     def observe(self, s: StepView) -> list[Alert]:
         r = s.ranks
-        step_time_s = s.step_time_s
-        if r is None or len(r) < 3 or not step_time_s > 0:
+        previous, self._previous = self._previous, (s.step, s.time_unix_s)
+        steps = s.step - previous[0] if previous is not None else 1
+        if steps > 1:  # the time of every step since the last logged one, not this one's
+            step_time_s = (s.time_unix_s - previous[1]) / steps  # type: ignore[index]
+        else:
+            steps, step_time_s = 1, s.step_time_s
+        if r is None or len(r) < 3 or not step_time_s > 0 or not math.isfinite(step_time_s):
             return []
         typical_s = self._typical.median() if len(self._typical) >= _MIN_TYPICAL else math.nan
         self._typical.push(step_time_s)
-        self._slide(s.step, step_time_s)
+        self._slide(s.step, steps * step_time_s)
         culprits: set[int] = set()
-        if step_time_s >= self.settings.min_step_ratio * typical_s:
-            culprits = self._hiccups_at(s, r, step_time_s - typical_s)
+        # The steps' time beyond their typical: one slow step among them, at least.
+        extra_s = steps * (step_time_s - typical_s)
+        least_s = (self.settings.min_step_ratio - 1) * typical_s
+        if extra_s >= least_s:
+            # One step: a rank explains half its extra time. Several: a rank's own time
+            # beyond an ordinary rank's is a slow step's extra time by itself, whatever
+            # else slowed them (on a busy machine, a few seconds' slowness of every rank
+            # over ten steps would otherwise hide a hiccup among them).
+            need_s = self.settings.min_explained * extra_s if steps == 1 else least_s
+            culprits = self._hiccups_at(s, r, extra_s, need_s, steps)
         self._last_culprits = culprits
         return self._judge(s)
 
-    def _slide(self, step: int, step_time_s: float) -> None:
-        """This step into the window, and steps and hiccups that left it out."""
+    def _slide(self, step: int, time_s: float) -> None:
+        """The time of the steps up to `step` since the last logged one into the window,
+        and steps and hiccups that left it out."""
         first = step - self.settings.window_steps + 1
-        self._times.append((step, step_time_s))
-        self._time_s += step_time_s
+        self._times.append((step, time_s))
+        self._time_s += time_s
         while self._times[0][0] < first:
             self._time_s -= self._times.popleft()[1]
         while self._hiccups and self._hiccups[0].step < first:
@@ -175,12 +198,17 @@ class IntermittentStragglerDetector:
         while self._slow_steps and self._slow_steps[0][0] < first:
             self._slow_steps.popleft()
 
-    def _hiccups_at(self, s: StepView, r: RankView, extra_s: float) -> set[int]:
+    def _hiccups_at(
+        self, s: StepView, r: RankView, extra_s: float, need_s: float, steps: int
+    ) -> set[int]:
         """The ranks that explain this slow step (two that waited alike both do); each is
-        recorded as a hiccup unless it also explained the logged step before."""
-        held_s, columns = held_back_s(r, s.step_time_s, s.run.device_type)
+        recorded as a hiccup unless it also explained the logged step before. Over `steps`
+        steps since the last logged one, the ranks' own times are means over them (the
+        hooks'), and their lateness is the logged step's alone: not counted."""
+        held_s, columns = held_back_s(r, s.run.device_type, arrival=steps == 1)
+        held_s = held_s * steps
         culprits = set()
-        for i in np.flatnonzero(held_s >= self.settings.min_explained * extra_s):
+        for i in np.flatnonzero(held_s >= need_s):
             rank = int(r.rank[i])
             culprits.add(rank)
             self._slow_steps.append((s.step, rank))
@@ -194,17 +222,22 @@ class IntermittentStragglerDetector:
         by_rank: dict[int, list[_Hiccup]] = {}
         for h in self._hiccups:
             by_rank.setdefault(h.rank, []).append(h)
-        named = {rank for rank, hs in by_rank.items() if self._names(hs)}
+        named = {rank for rank, hs in by_rank.items() if self._names(hs, 1.0)}
         for rank in sorted(named - set(self._open)):
             return [self._raise(s, rank, by_rank[rank])]
-        for rank in sorted(set(self._open) - named):
-            return [self._resolve(s, rank, by_rank.get(rank, []))]
+        for rank in sorted(self._open):
+            if not self._names(by_rank.get(rank, []), 0.5):
+                return [self._resolve(s, rank, by_rank.get(rank, []))]
         return []
 
-    def _names(self, hiccups: list[_Hiccup]) -> bool:
+    def _names(self, hiccups: list[_Hiccup], share_part: float) -> bool:
+        """Whether these hiccups name their rank: `share_part` of the share the settings
+        ask (half, to keep an open episode: a rank costing about the share itself would
+        otherwise be raised and resolved in turn)."""
         s = self.settings
         lost_s = sum(h.lost_s for h in hiccups)
-        return len(hiccups) >= s.min_hiccups and lost_s >= s.min_lost_share * self._time_s
+        least_s = share_part * s.min_lost_share * self._time_s
+        return len(hiccups) >= s.min_hiccups and lost_s >= least_s
 
     def _raise(self, s: StepView, rank: int, hiccups: list[_Hiccup]) -> Alert:
         lost_s = sum(h.lost_s for h in hiccups)

@@ -16,6 +16,7 @@ processes on the machine's cores unless said) meets others:
   file system's bad moments), and one computing that much more one step in 25 (a
   collector pause, a page-fault storm), dp 2 x tp 2 and dp 4: 4% of the steps, but
   about a tenth of the run's time; and smaller ones, 3x its compute time one batch in 10;
+  and the big ones logged every 10 steps, as the hooks do by default;
 - 8 ranks (dp 4 x tp 2) with a 15% straggler, loaded;
 - no straggler at all: two clean loaded 1,000-step runs at dp 4, and a clean run that
   saves a checkpoint every 25 steps (each save a slow step of every rank).
@@ -125,12 +126,36 @@ def _hiccups(loaded: bool, how: str, dp4: bool = False) -> Shape:
     return Shape(run, (Episode((2,), 40, None, within=2 * 25 + WITHIN_STEPS),), note)
 
 
+def _hiccups_every10(loaded: bool, how: str) -> Shape:
+    """The same hiccups, logged every 10 steps (the hooks' default): between logged steps
+    they show only in the steps' time (their time_unix_s) and in the ranks' means over
+    them. From step 250: the detector knows the typical step after 20 logged steps."""
+    run = RealRun((f"straggler:rank=2,step=250,slowdown=10,every=25,how={how}",), 500, loaded,
+                  extra=("--log-every", "10"))  # fmt: skip
+    what = "waits 10x its compute for one batch" if how == "data" else "computes 10x more one step"
+    note = f"{what} in 25, logged every 10 steps, dp 2 x tp 2"
+    # Named once they cost 3% of the window's time: from step 250 the window holds 250
+    # clean steps too, so at about 9% of the time from then on that takes 100-150 steps
+    # (from step 40, as above, 50).
+    return Shape(run, (Episode((2,), 250, None, within=200),), note)
+
+
 def _small_hiccups(loaded: bool) -> Shape:
     """Rank 1 waiting 3x its compute time for one batch in 10 from step 40: each wait
     under a step's length (the step about 1.8x), about 7% of the run's time."""
     run = RealRun(("straggler:rank=1,step=40,slowdown=3,every=10,how=data",), 200, loaded)
     note = "waits 3x its compute for one batch in 10, dp 2 x tp 2"
     return Shape(run, (Episode((1,), 40, None, within=2 * 10 + WITHIN_STEPS),), note)
+
+
+def _small_hiccups_every10() -> Shape:
+    """The small ones logged every 10 steps, quiet: one wait in every logged interval, so
+    every interval is slow by the same rank (one long hiccup to the intermittent
+    detector); the straggler detector's data signal, on the means, should name it."""
+    run = RealRun(("straggler:rank=1,step=250,slowdown=3,every=10,how=data",), 500, False,
+                  extra=("--log-every", "10"))  # fmt: skip
+    note = "waits 3x its compute for one batch in 10, logged every 10 steps, dp 2 x tp 2"
+    return Shape(run, (Episode((1,), 250, None),), note)
 
 
 def _clean(seed: str) -> Shape:
@@ -184,6 +209,10 @@ SHAPES = {
         (Episode((5,), 40, None, within=2 * 25 + WITHIN_STEPS),),
         "waits 10x its compute for one batch in 25, 8 ranks, dp 4 x tp 2",
     ),
+    "quiet-hiccup-data-every10": _hiccups_every10(False, "data"),
+    "hiccup-data-every10": _hiccups_every10(True, "data"),
+    "hiccup-busy-every10": _hiccups_every10(True, "busy"),
+    "quiet-hiccup-small-every10": _small_hiccups_every10(),
     "hiccup-small": _small_hiccups(True),
     "quiet-hiccup-small": _small_hiccups(False),
     "checkpoints": _checkpoints(True),
