@@ -126,14 +126,16 @@ def _hiccups(loaded: bool, how: str, dp4: bool = False) -> Shape:
     return Shape(run, (Episode((2,), 40, None, within=2 * 25 + WITHIN_STEPS),), note)
 
 
-def _hiccups_every10(loaded: bool, how: str) -> Shape:
+def _hiccups_every10(loaded: bool, how: str, every: int = 25) -> Shape:
     """The same hiccups, logged every 10 steps (the hooks' default): between logged steps
     they show only in the steps' time (their time_unix_s) and in the ranks' means over
-    them. From step 250: the detector knows the typical step after 20 logged steps."""
-    run = RealRun((f"straggler:rank=2,step=250,slowdown=10,every=25,how={how}",), 500, loaded,
-                  extra=("--log-every", "10"))  # fmt: skip
+    them. From step 250: the detector knows the typical step after 20 logged steps. One
+    in 25 lands on a logged step every other time (steps 250, 300...); one in 27 on one
+    in 10 (steps 250, 520...)."""
+    run = RealRun((f"straggler:rank=2,step=250,slowdown=10,every={every},how={how}",), 500,
+                  loaded, extra=("--log-every", "10"))  # fmt: skip
     what = "waits 10x its compute for one batch" if how == "data" else "computes 10x more one step"
-    note = f"{what} in 25, logged every 10 steps, dp 2 x tp 2"
+    note = f"{what} in {every}, logged every 10 steps, dp 2 x tp 2"
     # Named once they cost 3% of the window's time: from step 250 the window holds 250
     # clean steps too, so at about 9% of the time from then on that takes 100-150 steps
     # (from step 40, as above, 50).
@@ -212,6 +214,8 @@ SHAPES = {
     "quiet-hiccup-data-every10": _hiccups_every10(False, "data"),
     "hiccup-data-every10": _hiccups_every10(True, "data"),
     "hiccup-busy-every10": _hiccups_every10(True, "busy"),
+    "quiet-hiccup-data-every10-in27": _hiccups_every10(False, "data", every=27),
+    "hiccup-data-every10-in27": _hiccups_every10(True, "data", every=27),
     "quiet-hiccup-small-every10": _small_hiccups_every10(),
     "hiccup-small": _small_hiccups(True),
     "quiet-hiccup-small": _small_hiccups(False),
