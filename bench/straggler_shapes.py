@@ -167,14 +167,17 @@ def _clean(seed: str) -> Shape:
     return Shape(run, (), "no straggler, dp 4")
 
 
-def _checkpoints(loaded: bool) -> Shape:
+def _checkpoints(loaded: bool, log_every: int = 1) -> Shape:
     """No straggler; a sharded checkpoint saved every 25 steps (into a temporary folder),
-    each save a slow step. Every alert is false."""
+    each save a slow step. Every alert is false. Logged every 10 steps, 500 of them: the
+    saves fall between logged steps, in the steps' time and every rank's data-time mean."""
     folder = Path(tempfile.gettempdir()) / "trainvitals-shapes-checkpoints"
-    run = RealRun(steps=300, loaded=loaded, extra=(
+    run = RealRun(steps=300 if log_every == 1 else 500, loaded=loaded, extra=(
         "--checkpoint-dir", str(folder), "--checkpoint-every", "25",
+        "--log-every", str(log_every),
     ))  # fmt: skip
-    return Shape(run, (), "a checkpoint every 25 steps, dp 2 x tp 2")
+    logged = "" if log_every == 1 else f", logged every {log_every} steps"
+    return Shape(run, (), f"a checkpoint every 25 steps{logged}, dp 2 x tp 2")
 
 
 SHAPES = {
@@ -220,6 +223,8 @@ SHAPES = {
     "hiccup-small": _small_hiccups(True),
     "quiet-hiccup-small": _small_hiccups(False),
     "checkpoints": _checkpoints(True),
+    "quiet-checkpoints-every10": _checkpoints(False, log_every=10),
+    "checkpoints-every10": _checkpoints(True, log_every=10),
     "quiet-checkpoints": _checkpoints(False),
     "clean-dp4-a": _clean("7"),
     "clean-dp4-b": _clean("8"),
