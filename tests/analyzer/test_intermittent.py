@@ -188,6 +188,21 @@ def test_settings_out_of_range_are_refused_naming_the_field(field: str, value) -
         AnalyzerConfig.load(overrides=[f"intermittent.{field}={value}"])
 
 
+def the_one_straggler_alert(tmp_path: Path, *flags: str):
+    """Train a real dp=2 x tp=2 CPU run with `flags`, analyse its telemetry, check that the
+    only straggler alert of any kind is one intermittent straggler naming rank 2, and
+    return it."""
+    out = tmp_path / "run.jsonl"
+    run_trainer(["--dp", "2", "--tp", "2", "--canary-every", "10", "--telemetry-file",
+                 str(out), *flags], nproc=4)  # fmt: skip
+    analyzer, alerts = Analyzer(), []
+    for line in out.read_bytes().splitlines():
+        alerts += analyzer.observe(*to_arrow(orjson.loads(line)))
+    named = [(a.kind, a.rank, a.severity) for a in alerts if "straggler" in a.kind]
+    assert named == [(KIND, 2, "warning")], alerts
+    return next(a for a in alerts if a.kind == KIND)
+
+
 @pytest.mark.slow
 def test_real_run_with_a_rank_waiting_for_one_batch_in_8(tmp_path: Path) -> None:
     """A real dp=2 x tp=2 run on CPU whose rank 2 waits 10x its compute time for one batch
@@ -195,17 +210,10 @@ def test_real_run_with_a_rank_waiting_for_one_batch_in_8(tmp_path: Path) -> None
     quiet machine; a busy one may make one or two look ordinary: five come by step 56), and
     nobody else; the straggler detector, whose windows hold 3 slow steps in 25, names
     nobody."""
-    out = tmp_path / "run.jsonl"
-    run_trainer(["--dp", "2", "--tp", "2", "--steps", "60", "--canary-every", "10",
-                 "--telemetry-file", str(out),
-                 "--inject", "straggler:rank=2,step=24,slowdown=10,every=8,how=data"],
-                nproc=4)  # fmt: skip
-    analyzer, alerts = Analyzer(), []
-    for line in out.read_bytes().splitlines():
-        alerts += analyzer.observe(*to_arrow(orjson.loads(line)))
-    named = [(a.kind, a.rank, a.severity) for a in alerts if "straggler" in a.kind]
-    assert named == [(KIND, 2, "warning")], alerts
-    alert = next(a for a in alerts if a.kind == KIND)
+    alert = the_one_straggler_alert(
+        tmp_path, "--steps", "60",
+        "--inject", "straggler:rank=2,step=24,slowdown=10,every=8,how=data",
+    )  # fmt: skip
     # Its onset is one of its waits (the first, where no busy machine hid it).
     assert alert.start_step in (24, 32, 40) and "waited for its data" in alert.message, alert
 
@@ -218,17 +226,10 @@ def test_real_run_logged_every_4_steps_sees_the_waits_between_logged_steps(
     is known after 20 logged steps): most waits fall between logged steps, and show in
     the steps' time and the ranks' data-time means. Named at its third wait or a later
     one (a busy machine may hide one), and nobody else."""
-    out = tmp_path / "run.jsonl"
-    run_trainer(["--dp", "2", "--tp", "2", "--steps", "150", "--log-every", "4",
-                 "--canary-every", "10", "--telemetry-file", str(out),
-                 "--inject", "straggler:rank=2,step=90,slowdown=10,every=10,how=data"],
-                nproc=4)  # fmt: skip
-    analyzer, alerts = Analyzer(), []
-    for line in out.read_bytes().splitlines():
-        alerts += analyzer.observe(*to_arrow(orjson.loads(line)))
-    named = [(a.kind, a.rank, a.severity) for a in alerts if "straggler" in a.kind]
-    assert named == [(KIND, 2, "warning")], alerts
-    alert = next(a for a in alerts if a.kind == KIND)
+    alert = the_one_straggler_alert(
+        tmp_path, "--steps", "150", "--log-every", "4",
+        "--inject", "straggler:rank=2,step=90,slowdown=10,every=10,how=data",
+    )  # fmt: skip
     assert 110 <= alert.step <= 150 and alert.start_step >= 90, alert
     assert "waited for its data" in alert.message, alert
 
