@@ -153,9 +153,7 @@ def test_a_save_far_longer_than_the_runs_earlier_one_is_a_hang(collector: Collec
     # Every rank saves (declared) for 6 s after step 40, and after step 80 for an hour: a
     # hung save. Its threshold is 3x the first save's length as the heartbeats saw it (2 s
     # apart), at least QUICK's 10 s, not pause_s (1800 s): within the wait below.
-    first, hung = (
-        f"pause:step={s},seconds={t},phase=checkpoint" for s, t in ((40, 6), (80, 3600))
-    )
+    first, hung = (f"pause:step={s},seconds={t},phase=checkpoint" for s, t in ((40, 6), (80, 3600)))
     trainer = start_trainer(collector.url, first, hung, steps=120)
     try:
         (hang,) = wait_until(lambda: alerts(collector, "hang"), timeout_s=300)
