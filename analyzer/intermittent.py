@@ -161,11 +161,11 @@ class IntermittentStragglerDetector:
     def observe(self, s: StepView) -> list[Alert]:
         r = s.ranks
         previous, self._previous = self._previous, (s.step, s.time_unix_s)
-        steps = s.step - previous[0] if previous is not None else 1
-        if steps > 1:  # the time of every step since the last logged one, not this one's
-            step_time_s = (s.time_unix_s - previous[1]) / steps  # type: ignore[index]
-        else:
-            steps, step_time_s = 1, s.step_time_s
+        steps, step_time_s = 1, s.step_time_s
+        if previous is not None and s.step - previous[0] > 1:
+            # the time of every step since the last logged one, not this one's alone
+            steps = s.step - previous[0]
+            step_time_s = (s.time_unix_s - previous[1]) / steps
         if r is None or len(r) < 3 or not step_time_s > 0 or not math.isfinite(step_time_s):
             return []
         typical_s = self._typical.median() if len(self._typical) >= _MIN_TYPICAL else math.nan
