@@ -62,12 +62,14 @@ _STEP_FLOATS = (
 def default_detectors(config: AnalyzerConfig | None = None) -> list:
     """A fresh set of detectors for one run, with the settings of `config` (or defaults)."""
     c = config or AnalyzerConfig()
+    straggler = StragglerDetector(c.straggler)
     return [
         NonFiniteDetector(c.nonfinite),
         LossSpikeDetector(c.loss_spike, layers=LayerHistory(c.layer_attribution)),
         DivergenceDetector(c.divergence),
-        StragglerDetector(c.straggler),
-        IntermittentStragglerDetector(c.intermittent),
+        # before the intermittent detector, which reads the ranks it named at the same step
+        straggler,
+        IntermittentStragglerDetector(c.intermittent, straggler=straggler),
         # canary, peer outliers, replica: one shared board of suspects
         *sdc_detectors(c.canary, c.replica, c.peer_outlier),
         StallDetector(c.stall),

@@ -23,7 +23,10 @@ Judged per logged step, on telemetry only:
 A rank is named (one alert, an episode) once the hiccups it caused among the last
 `window_steps` training steps number `min_hiccups` and cost the job `min_lost_share` of
 its logged time; the episode resolves when they number fewer or cost under half that share
-(a rank costing about the share itself is not raised and resolved in turn).
+(a rank costing about the share itself is not raised and resolved in turn). A rank the
+straggler detector names (slow in most steps now: the onset of a straggler can look like
+hiccups at first) is handed over: its episode resolves saying so, and its hiccups so far
+are dropped, so that one slow rank has one open alert.
 
 With `log_every` above 1 a logged step stands for the steps since the previous one: their
 time is the gap between the two steps' `time_unix_s`, and the ranks' compute, data and
@@ -46,7 +49,7 @@ from .alerts import Alert
 from .detectors import data_query
 from .rolling import RollingWindow
 from .runinfo import host_is_device, name_rank
-from .straggler import sync_time_s
+from .straggler import StragglerDetector, sync_time_s
 from .views import RankView, StepView
 
 SECTION = "intermittent"
@@ -145,6 +148,8 @@ class _Hiccup:
 class IntermittentStragglerDetector:
     settings: IntermittentSettings = field(default_factory=IntermittentSettings)
     kind: str = "intermittent_straggler"
+    # The run's straggler detector, observed before this one at each step (None: alone).
+    straggler: StragglerDetector | None = None
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -218,7 +223,13 @@ class IntermittentStragglerDetector:
         return culprits
 
     def _judge(self, s: StepView) -> list[Alert]:
-        """At most one row per step (the alerts table's key): a new episode first."""
+        """At most one row per step (the alerts table's key): a hand-over to the straggler
+        detector first, then a new episode."""
+        persistent = self.straggler.named_ranks() if self.straggler is not None else set()
+        if persistent:
+            self._hiccups = deque(h for h in self._hiccups if h.rank not in persistent)
+            for rank in sorted(persistent & set(self._open)):
+                return [self._hand_over(s, rank)]
         by_rank: dict[int, list[_Hiccup]] = {}
         for h in self._hiccups:
             by_rank.setdefault(h.rank, []).append(h)
@@ -281,6 +292,15 @@ class IntermittentStragglerDetector:
             f"it also held the job up in {more} step{'s' if more > 1 else ''} right after "
             "those: it may be turning into a straggler, which the straggler detector names "
             "once it stays slow."
+        )
+
+    def _hand_over(self, s: StepView, rank: int) -> Alert:
+        """Resolve the episode of a rank the straggler detector now names."""
+        return self._open.pop(rank).resolved_at(
+            s.step,
+            s.time_unix_s,
+            f"{name_rank(s.run, rank)} is now slow in most steps, not in single ones: the "
+            "straggler alert names it from here.",
         )
 
     def _resolve(self, s: StepView, rank: int, hiccups: list[_Hiccup]) -> Alert:

@@ -505,6 +505,11 @@ class StragglerDetector:
         self._episodes: list[_Episode] = []
         self._in_episode = np.zeros(n, bool)
 
+    def named_ranks(self) -> set[int]:
+        """The ranks an open episode names now: the intermittent-straggler detector hands
+        such a rank over, so that one slow rank has one open alert."""
+        return set(self._ranks[self._in_episode].tolist())
+
     def observe(self, s: StepView) -> list[Alert]:
         r = s.ranks
         if r is None or len(r) < 3 or not np.isfinite(r.wait_time_s).all():

@@ -43,8 +43,12 @@ def _tp_style(module: nn.Module) -> str | None:
     return "unknown"
 
 
-def _forward_waits(meter: CommsMeter, kind: str) -> Callable:
-    """A forward hook, on every step, for a tensor-parallel module on gloo: DTensor hands
+def _gloo_waits(meter: CommsMeter, kind: str) -> Callable:
+    """The one forward hook, on every step, of a tensor-parallel module on gloo: the
+    forward's wait below and, for a colwise module (`kind` "all_gather"), the backward's
+    (`_backward_waits`).
+
+    DTensor hands
     back the output of its collective (the rowwise all-reduce, the all-gather of a colwise
     output made whole) before it completes, and the host would block at the output's first
     use, between modules, while the heartbeat says "forward" and no clock runs. Waited for
@@ -56,7 +60,11 @@ def _forward_waits(meter: CommsMeter, kind: str) -> Callable:
     anyway, and on gloo's CPU tensors no device is involved; the output stays what it was
     (its wait is done once)."""
 
-    def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
+    colwise = kind == "all_gather"
+
+    def hook(_module: nn.Module, args: tuple, output: Any) -> None:
+        if colwise:  # and in backward, where the input's gradient is summed
+            _backward_waits(meter, args)
         if not isinstance(output, AsyncCollectiveTensor):
             return
         start_s = time.perf_counter()
@@ -67,40 +75,36 @@ def _forward_waits(meter: CommsMeter, kind: str) -> Callable:
     return hook
 
 
-def _backward_waits(meter: CommsMeter) -> Callable:
-    """A forward hook, on every step, for a colwise module on gloo: its input's gradient
-    is all-reduced inside autograd, in the backward of the DTensor the input was made into
-    (DTensor.from_local), which blocks until the peers' partial sums arrive. Hooks on that
-    one graph node say "collective" while it runs, so that a rank blocked there by a peer
-    that hangs mid-backward says it waits and the peer is the one named (before, both were:
+def _backward_waits(meter: CommsMeter, args: tuple) -> None:
+    """For a colwise module on gloo: its input's gradient is all-reduced inside autograd,
+    in the backward of the DTensor the input was made into (DTensor.from_local), which
+    blocks until the peers' partial sums arrive. Hooks on that one graph node say
+    "collective" while it runs, so that a rank blocked there by a peer that hangs
+    mid-backward says it waits and the peer is the one named (before, both were:
     bench/liveness.py --where backward --tp 2), and time it on armed steps, as above. The
     hooks die with the step's graph."""
+    node = getattr(args[0], "grad_fn", None) if args else None
+    if node is None or not torch.is_grad_enabled():
+        return
+    live, armed = meter.liveness, meter.armed
+    entered: list[tuple[float, str]] = []
 
-    def hook(_module: nn.Module, args: tuple, _output: Any) -> None:
-        node = getattr(args[0], "grad_fn", None) if args else None
-        if node is None or not torch.is_grad_enabled():
+    def enter(_grads: Any) -> None:
+        entered.append((time.perf_counter(), live.phase if live is not None else ""))
+        if live is not None:
+            live.phase = "collective"
+
+    def leave(_grad_inputs: Any, _grad_outputs: Any) -> None:
+        if not entered:
             return
-        live, armed = meter.liveness, meter.armed
-        entered: list[tuple[float, str]] = []
+        start_s, before = entered.pop()
+        if live is not None:
+            live.phase = before
+        if armed:
+            meter._tally.add_time("all_reduce", time.perf_counter() - start_s)
 
-        def enter(_grads: Any) -> None:
-            entered.append((time.perf_counter(), live.phase if live is not None else ""))
-            if live is not None:
-                live.phase = "collective"
-
-        def leave(_grad_inputs: Any, _grad_outputs: Any) -> None:
-            if not entered:
-                return
-            start_s, before = entered.pop()
-            if live is not None:
-                live.phase = before
-            if armed:
-                meter._tally.add_time("all_reduce", time.perf_counter() - start_s)
-
-        node.register_prehook(enter)
-        node.register_hook(leave)
-
-    return hook
+    node.register_prehook(enter)
+    node.register_hook(leave)
 
 
 def _rowwise_hook(tally: _Tally, timed: bool) -> Callable:
@@ -139,10 +143,8 @@ def install_tp(meter: CommsMeter, model: nn.Module) -> bool:
         timing = meter._timing_of(weight.device_mesh.get_group("tp"))
         timed = timing in ("hook", "host")
         if timing == "host":  # gloo: waited for and timed by these hooks, every step
-            waits = _forward_waits(meter, "all_reduce" if kind == "rowwise" else "all_gather")
+            waits = _gloo_waits(meter, "all_reduce" if kind == "rowwise" else "all_gather")
             meter._restore.append(module.register_forward_hook(waits).remove)
-            if kind == "colwise":  # and in backward, where the input's gradient is summed
-                meter._restore.append(module.register_forward_hook(_backward_waits(meter)).remove)
         if kind == "rowwise":
             hook = _rowwise_hook(meter._tally, timed)
         else:

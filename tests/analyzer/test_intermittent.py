@@ -11,12 +11,14 @@ import pytest
 from tests.conftest import run_trainer
 from trainvitals.analyzer import Analyzer
 from trainvitals.analyzer.config import AnalyzerConfig
+from trainvitals.analyzer.engine import default_detectors
 from trainvitals.analyzer.intermittent import (
     IntermittentSettings,
     IntermittentStragglerDetector,
     held_back_s,
 )
 from trainvitals.analyzer.runinfo import UNKNOWN, RunInfo
+from trainvitals.analyzer.straggler import StragglerDetector
 from trainvitals.analyzer.views import RankView, StepView
 from trainvitals.schema import to_arrow
 
@@ -123,6 +125,29 @@ def test_a_rank_that_turns_slow_for_good_is_no_intermittent_straggler() -> None:
     most; naming it is the straggler detector's job."""
     views = cohort(400, busy={3: (100, 1, 0.2)})
     assert rows(views) == []
+
+
+def test_a_rank_the_straggler_detector_names_is_handed_over_one_open_alert() -> None:
+    """Rank 2 waits 0.5 s for one batch in 20 from step 100 (named at its third wait),
+    then computes 50% longer every step from step 200 (a straggler), its waits going on.
+    When the straggler detector names it, its intermittent episode resolves at the same
+    step, saying why, and its waits raise nothing more: one slow rank, one open alert.
+    The analyzer's detectors are wired so."""
+    straggler = StragglerDetector()
+    intermittent = IntermittentStragglerDetector(straggler=straggler)
+    got = []
+    for view in cohort(700, data={2: (100, 20, 0.5)}, busy={2: (200, 1, 0.05)}):
+        got += straggler.observe(view) + intermittent.observe(view)
+    assert [(a.kind, a.rank, a.severity, a.step) for a in got] == [
+        (KIND, 2, "warning", 140),
+        ("straggler", 2, "warning", 219),
+        (KIND, 2, "resolved", 219),
+    ]
+    assert "now slow in most steps, not in single ones" in got[2].message
+    detectors = default_detectors()
+    wired = [d for d in detectors if isinstance(d, IntermittentStragglerDetector)]
+    assert wired[0].straggler in detectors
+    assert detectors.index(wired[0].straggler) < detectors.index(wired[0])
 
 
 @pytest.mark.parametrize(
