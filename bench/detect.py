@@ -6,7 +6,8 @@ Two sources of labeled runs, both fed through the Analyzer the collector runs:
   daily drift, learning-rate warm-up then cosine decay, a loss falling from 11 to 2, and
   on top (here) one-off 50% compute hiccups on a random rank in 5% of the steps. Each
   faulty run carries one transient fault (a loss spike, a stall, a NaN) early and one
-  persistent fault (a straggler, an SDC unit, a throttled GPU) later; clean runs carry
+  persistent fault (a straggler, an SDC unit, a throttled GPU, a rank that holds the
+  job up for one step in 10-50) later; clean runs carry
   the same noise and no fault. Two spike variants are made here from the simulator's
   output: a spike led by one layer (its gradient norm and activations blow up two steps
   before the loss jumps) and a spike made by one rank (its local loss jumps, as when a
@@ -75,6 +76,9 @@ REAL_CANARY_EVERY = 10
 # the scenario's canary interval. A detector is scored only where its signal exists.
 EXPECT = {
     "straggler": [("straggler", 30, "rank")],
+    # A rank that holds the job up for single steps (hiccups): named once they cost the
+    # job 3% of a 500-step window, the third at the earliest.
+    "intermittent": [("intermittent_straggler", 150, "rank")],
     "sdc": [
         ("sdc", "canary", "rank"),
         ("sdc_replica", "canary", "rank"),
@@ -88,6 +92,7 @@ EXPECT = {
 # Alerts that a fault causes besides its own, within KNOCK_ON_STEPS: not false alerts.
 KNOCK_ON = {
     "straggler": {"throughput_drop"},
+    "intermittent": {"throughput_drop"},
     "throttle": {"straggler", "throughput_drop"},
     "sdc": {"loss_spike", "loss_diverging", "nonfinite"},
     "spike": {"loss_diverging"},
@@ -160,11 +165,17 @@ def sim_faults(rng: random.Random, steps: int, ranks: int, layers: int) -> tuple
         truths.append(Truth("nan", t_step))
     p_step = rng.randrange(steps // 2, steps - 300)
     rank = rng.randrange(ranks)
-    persistent = rng.choice(["straggler", "sdc", "throttle"])
+    persistent = rng.choice(["straggler", "sdc", "throttle", "intermittent"])
     if persistent == "straggler":
         slowdown = rng.choice([0.1, 0.2, 0.5])
         specs.append(f"straggler:rank={rank},step={p_step},slowdown={slowdown}")
         truths.append(Truth("straggler", p_step, rank, label=f"{slowdown:.0%} slower"))
+    elif persistent == "intermittent":
+        # One step in `every` computing (1 + slowdown)x as long: 10-20% of the job's time.
+        slowdown, every = rng.choice([(2, 10), (4, 25), (9, 50)])
+        specs.append(f"straggler:rank={rank},step={p_step},slowdown={slowdown},every={every}")
+        label = f"{1 + slowdown}x its compute one step in {every}"
+        truths.append(Truth("intermittent", p_step, rank, label=label))
     elif persistent == "sdc":
         grad = rng.choice([1.5, 3.0, 30.0])
         specs.append(f"sdc:rank={rank},step={p_step},grad_factor={grad}")
