@@ -237,3 +237,33 @@ def test_a_large_spike_in_a_small_alerts_quiet_is_raised() -> None:
             loss[410 + k] *= factor
             grad[410 + k] = 30 * level
         assert [a.step for a in _spikes(loss, grad)] == [400, 410]
+
+
+def test_where_the_gradient_norm_routinely_jumps_on_hard_batches_a_small_rise_is_no_spike() -> None:
+    """Hard batches at steps 200, 300, 400: the gradient norm 2.5x, the loss +5%, no alert.
+    A +12% step with the same jump at 600 is then the tail of the run's habit, not a
+    spike; a +20% one is. Without the three hard batches, the +12% step is a spike; a
+    fourth hard batch 3,000 steps later no longer counts."""
+
+    def run(hard: tuple[int, ...], rise: float, at: int = 600) -> list[int]:
+        loss, grad = _series(at + 50, 0, 0.01, 0.05)
+        for s in (*hard, at):
+            level = sorted(grad[s - 15 : s])[7]
+            loss[s] *= 1 + (0.05 if s != at else rise)
+            grad[s] = 2.5 * level
+        return [a.step for a in _spikes(loss, grad)]
+
+    assert run((200, 300, 400), 0.12) == []
+    assert run((200, 300, 400), 0.20) == [600]
+    assert run((), 0.12) == [600]
+    assert run((200, 300), 0.12) == [600]  # two jumps: no habit yet
+    assert run((200, 300, 400), 0.12, at=3250) == [3250]  # 200 left the window
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("routine_window", 0), ("routine_jumps", -1), ("routine_min_rise_ratio", 0.05)],
+)
+def test_routine_settings_out_of_range_are_refused_naming_the_field(field: str, value) -> None:
+    with pytest.raises(ValueError, match=f"loss_spike.{field} must be"):
+        LossSpikeSettings(**{field: value})
