@@ -22,8 +22,9 @@ Judged per logged step, on telemetry only:
   soon follows it.
 A rank is named (one alert, an episode) once the hiccups it caused among the last
 `window_steps` training steps number `min_hiccups` and cost the job `min_lost_share` of
-its logged time; the episode resolves when they number fewer or cost under half that share
-(a rank costing about the share itself is not raised and resolved in turn). A rank the
+the logged time since the first of them (of the last `share_span_steps` steps, at
+least); the episode resolves when they number fewer or cost under half that share (a
+rank costing about the share itself is not raised and resolved in turn). A rank the
 straggler detector names (slow in most steps now: the onset of a straggler can look like
 hiccups at first) is handed over: its episode resolves saying so, and its hiccups so far
 are dropped, so that one slow rank has one open alert.
@@ -84,6 +85,13 @@ class IntermittentSettings:
     # clean runs above, a busy neighbour made one rank explain 3 slow steps in 1,000, 0.2%
     # of the time: the share, not the count, keeps those apart.
     min_lost_share: float = 0.03
+    # The share is of the logged time since the rank's first hiccup in the window, or of
+    # the last this many steps where that is longer: hiccups that began late in a window
+    # that began clean are not diluted by its clean steps (logged every 10 steps, one in 25
+    # from step 250 were named 100-180 steps in), and a few close together in a short span
+    # are not a share. The clean runs' busiest rank above cost at most 1.2 steps' time in
+    # 500, 0.6% of 200.
+    share_span_steps: int = 200
 
     def __post_init__(self) -> None:
         _check(self.min_step_ratio > 1, "min_step_ratio", "must be > 1", self.min_step_ratio)
@@ -94,6 +102,10 @@ class IntermittentSettings:
         )  # fmt: skip
         _check(self.window_steps >= 2, "window_steps", "must be >= 2", self.window_steps)
         _check(self.min_hiccups >= 2, "min_hiccups", "must be >= 2", self.min_hiccups)
+        _check(
+            1 <= self.share_span_steps <= self.window_steps, "share_span_steps",
+            f"must be in [1, window_steps ({self.window_steps})]", self.share_span_steps,
+        )  # fmt: skip
         _check(
             0 < self.min_lost_share < 1, "min_lost_share", "must be in (0, 1)",
             self.min_lost_share,
@@ -155,7 +167,6 @@ class IntermittentStragglerDetector:
         s = self.settings
         self._typical = RollingWindow(s.typical_steps)
         self._times: deque[tuple[int, float]] = deque()  # (step, step time) in the window
-        self._time_s = 0.0  # their sum
         self._hiccups: deque[_Hiccup] = deque()
         # (step, rank) of every slow step a rank explained in the window, hiccup or not
         self._slow_steps: deque[tuple[int, int]] = deque()
@@ -195,9 +206,8 @@ class IntermittentStragglerDetector:
         and steps and hiccups that left it out."""
         first = step - self.settings.window_steps + 1
         self._times.append((step, time_s))
-        self._time_s += time_s
         while self._times[0][0] < first:
-            self._time_s -= self._times.popleft()[1]
+            self._times.popleft()
         while self._hiccups and self._hiccups[0].step < first:
             self._hiccups.popleft()
         while self._slow_steps and self._slow_steps[0][0] < first:
@@ -246,13 +256,21 @@ class IntermittentStragglerDetector:
         ask (half, to keep an open episode: a rank costing about the share itself would
         otherwise be raised and resolved in turn)."""
         s = self.settings
-        lost_s = sum(h.lost_s for h in hiccups)
-        least_s = share_part * s.min_lost_share * self._time_s
-        return len(hiccups) >= s.min_hiccups and lost_s >= least_s
+        if len(hiccups) < s.min_hiccups:
+            return False
+        return self._share(hiccups) >= share_part * s.min_lost_share
+
+    def _share(self, hiccups: list[_Hiccup]) -> float:
+        """The share of the logged time these hiccups cost: since the first of them, or
+        over the last `share_span_steps` steps where that is longer (a window that began
+        clean would otherwise dilute hiccups that began late)."""
+        since = min(hiccups[0].step, self._times[-1][0] - self.settings.share_span_steps + 1)
+        span_s = sum(t for step, t in self._times if step >= since)
+        return sum(h.lost_s for h in hiccups) / span_s
 
     def _raise(self, s: StepView, rank: int, hiccups: list[_Hiccup]) -> Alert:
         lost_s = sum(h.lost_s for h in hiccups)
-        share = lost_s / self._time_s
+        share = self._share(hiccups)
         column = Counter(h.column for h in hiccups).most_common(1)[0][0]
         steps = ", ".join(str(h.step) for h in hiccups[-5:])
         alert = Alert.at(

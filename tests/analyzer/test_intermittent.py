@@ -150,6 +150,18 @@ def test_a_rank_the_straggler_detector_names_is_handed_over_one_open_alert() -> 
     assert detectors.index(wired[0].straggler) < detectors.index(wired[0])
 
 
+def test_hiccups_that_begin_late_are_not_diluted_by_the_clean_steps_before_them() -> None:
+    """0.3 s waits for one batch in 25 from step 600 of a run of 0.1 s steps: three cost
+    0.9 s, 1.8% of the 500-step window's time, which began clean, and 4.2% of the last 200
+    steps'. Named at the third (step 650); over the whole window it took the sixth."""
+    views = list(cohort(1000, data={2: (600, 25, 0.3)}))
+    got = rows(views)
+    assert [(a.rank, a.severity, a.step) for a in got] == [(2, "warning", 650)]
+    assert got[0].value == pytest.approx(0.9 / (0.1 * 200 + 0.9), rel=0.03)
+    whole_window = rows(views, IntermittentSettings(share_span_steps=500))
+    assert [(a.rank, a.step) for a in whole_window] == [(2, 725)]
+
+
 @pytest.mark.parametrize(
     "spec, why",
     [
@@ -205,6 +217,8 @@ def test_two_ranks_of_four_waiting_alike_each_held_the_others_back_in_full() -> 
         ("min_explained", 0.4),
         ("window_steps", 1),
         ("min_hiccups", 1),
+        ("share_span_steps", 0),
+        ("share_span_steps", 501),
         ("min_lost_share", 0.0),
     ],
 )
