@@ -260,11 +260,15 @@ class IntermittentStragglerDetector:
             return False
         return self._share(hiccups) >= share_part * s.min_lost_share
 
+    def _since(self, hiccups: list[_Hiccup]) -> int:
+        """The first step of the time the hiccups' share is of: the first of them, or the
+        first of the last `share_span_steps` steps where that is earlier (a window that
+        began clean would otherwise dilute hiccups that began late)."""
+        return min(hiccups[0].step, self._times[-1][0] - self.settings.share_span_steps + 1)
+
     def _share(self, hiccups: list[_Hiccup]) -> float:
-        """The share of the logged time these hiccups cost: since the first of them, or
-        over the last `share_span_steps` steps where that is longer (a window that began
-        clean would otherwise dilute hiccups that began late)."""
-        since = min(hiccups[0].step, self._times[-1][0] - self.settings.share_span_steps + 1)
+        """The share of the logged time since `_since` that these hiccups cost."""
+        since = self._since(hiccups)
         span_s = sum(t for step, t in self._times if step >= since)
         return sum(h.lost_s for h in hiccups) / span_s
 
@@ -282,7 +286,8 @@ class IntermittentStragglerDetector:
                 f"last {self.settings.window_steps} steps (last at steps {steps}): each time "
                 f"it {_DID[column]} and the others waited about "
                 f"{1e3 * lost_s / len(hiccups):.0f} ms for it, {lost_s:.1f} s in all, "
-                f"{100 * share:.0f}% of the logged time; "
+                f"{100 * share:.0f}% of the logged time since step "
+                f"{max(self._since(hiccups), self._times[0][0])}; "
                 + self._between(rank, len(hiccups))
                 + " Data: "
                 + data_query(s.run_id, "ranks", column, hiccups[0].step, s.step)

@@ -158,6 +158,7 @@ def test_hiccups_that_begin_late_are_not_diluted_by_the_clean_steps_before_them(
     got = rows(views)
     assert [(a.rank, a.severity, a.step) for a in got] == [(2, "warning", 650)]
     assert got[0].value == pytest.approx(0.9 / (0.1 * 200 + 0.9), rel=0.03)
+    assert "0.9 s in all, 4% of the logged time since step 451;" in got[0].message
     whole_window = rows(views, IntermittentSettings(share_span_steps=500))
     assert [(a.rank, a.step) for a in whole_window] == [(2, 725)]
 
