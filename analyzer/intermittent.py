@@ -266,15 +266,17 @@ class IntermittentStragglerDetector:
         began clean would otherwise dilute hiccups that began late)."""
         return min(hiccups[0].step, self._times[-1][0] - self.settings.share_span_steps + 1)
 
-    def _share(self, hiccups: list[_Hiccup]) -> float:
-        """The share of the logged time since `_since` that these hiccups cost."""
-        since = self._since(hiccups)
+    def _share(self, hiccups: list[_Hiccup], since: int | None = None) -> float:
+        """The share of the logged time since `since` (`_since`'s step when None) that
+        these hiccups cost."""
+        since = self._since(hiccups) if since is None else since
         span_s = sum(t for step, t in self._times if step >= since)
         return sum(h.lost_s for h in hiccups) / span_s
 
     def _raise(self, s: StepView, rank: int, hiccups: list[_Hiccup]) -> Alert:
         lost_s = sum(h.lost_s for h in hiccups)
-        share = self._share(hiccups)
+        since = self._since(hiccups)
+        share = self._share(hiccups, since)
         column = Counter(h.column for h in hiccups).most_common(1)[0][0]
         steps = ", ".join(str(h.step) for h in hiccups[-5:])
         alert = Alert.at(
@@ -287,7 +289,7 @@ class IntermittentStragglerDetector:
                 f"it {_DID[column]} and the others waited about "
                 f"{1e3 * lost_s / len(hiccups):.0f} ms for it, {lost_s:.1f} s in all, "
                 f"{100 * share:.0f}% of the logged time since step "
-                f"{max(self._since(hiccups), self._times[0][0])}; "
+                f"{max(since, self._times[0][0])}; "
                 + self._between(rank, len(hiccups))
                 + " Data: "
                 + data_query(s.run_id, "ranks", column, hiccups[0].step, s.step)
