@@ -100,6 +100,9 @@ class LiveAnalysis:
         self._runs: dict[str, _Run] = {}
         self._rows = 0  # buffered, all runs
         self._busy = self._drain = self._stop = self._full = False
+        # Commit time of the oldest step in the window being analysed: until its alerts are
+        # stored it still counts in `lag_s` (a reader waiting for lag 0 then sees them).
+        self._taken_s: float | None = None
         self._thread: threading.Thread | None = None
         self.errors = 0
 
@@ -163,9 +166,12 @@ class LiveAnalysis:
 
     @property
     def lag_s(self) -> float:
-        """Age of the oldest committed step not analysed yet, in seconds; 0 when none."""
+        """Age of the oldest committed step whose alerts are not stored yet (waiting, or in the
+        window being analysed), in seconds; 0 when none."""
         with self._cond:
             oldest = [run.due[0][0] for run in self._runs.values() if run.due]
+            if self._taken_s is not None:
+                oldest.append(self._taken_s)
         return self._clock() - min(oldest) if oldest else 0.0
 
     def progress(self, run_id: str) -> tuple[int | None, bool]:
@@ -217,6 +223,7 @@ class LiveAnalysis:
         while True:
             with self._cond:
                 self._busy = False
+                self._taken_s = None  # the last window's alerts are stored
                 self._cond.notify_all()
                 if self._stop:
                     return
@@ -247,6 +254,7 @@ class LiveAnalysis:
         now, hurry = self._clock(), self._drain or self._full
         cutoff = now - (0.0 if hurry else self.delay_s)
         work = {}
+        taken = []  # commit times of the batches taken
         for run_id, run in self._runs.items():
             if not (run.due and run.due[0][0] <= cutoff):
                 continue
@@ -256,6 +264,7 @@ class LiveAnalysis:
                 if not (hurry or committed <= now - self.ranks_deadline_s or _whole(run, steps)):
                     break  # other nodes' ranks rows are on their way; later steps wait too
                 run.due.popleft()
+                taken.append(committed)
                 up_to = max(up_to, top)
             if up_to == run.last:
                 continue
@@ -279,6 +288,7 @@ class LiveAnalysis:
                     run.events = []
                 run.last = up_to
                 work[run_id] = ({"runs": run.meta} if run.meta is not None else {}, window)
+        self._taken_s = min(taken) if taken else None
         self._cond.notify_all()  # a writer waiting for room
         return work
 

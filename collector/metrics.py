@@ -281,7 +281,7 @@ def _self_metrics(
     )
     yield GaugeMetricFamily(
         "trainvitals_collector_analysis_lag_seconds",
-        "Age of the oldest committed step the analyzer has not seen yet (about 1 s normally).",
+        "Age of the oldest committed step whose alerts are not stored yet (about 1 s normally).",
         value=analysis.lag_s if analysis else 0.0,
     )
     yield CounterMetricFamily(

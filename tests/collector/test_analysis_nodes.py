@@ -81,3 +81,18 @@ def test_steps_without_any_ranks_rows_wait_only_delay_s() -> None:
     live.committed("r", _batch("r", 10, range(0), world=4))
     clock.now += 1.1
     assert "r" in _due(live)
+
+
+def test_a_window_being_analysed_still_counts_in_the_lag() -> None:
+    # Readers wait for lag 0 before reading a run's alerts (the alerting end-to-end test
+    # did): a window taken off the buffer but not yet analysed must keep the lag above 0,
+    # or its alerts are read before they are stored.
+    clock = _Clock()
+    live = _live(clock)
+    live.committed("r", _batch("r", 10, range(1), world=1))
+    clock.now += 1.5
+    assert live.lag_s == 1.5
+    assert "r" in live.windows()[0]  # taken by the analysis thread's source
+    clock.now += 2.0
+    assert live.lag_s == 3.5  # in flight: its alerts are not stored yet (the thread clears
+    # it once it has emitted them, and sets busy off with it: `drain` waits for that)

@@ -115,7 +115,7 @@ def stored_last_step(collector_url: str, run_id: str) -> int:
 
 
 def analysis_caught_up(collector_url: str) -> bool:
-    """Has the collector's live analyzer seen every committed step? (It runs about 1 s
+    """Has the collector stored the alerts of every committed step? (Its analyzer runs about 1 s
     behind the writer, on its own thread.)"""
     text = httpx.get(f"{collector_url}/metrics", headers=AUTH, timeout=60).text
     for line in text.splitlines():
