@@ -267,10 +267,17 @@ class IntermittentStragglerDetector:
         return min(hiccups[0].step, self._times[-1][0] - self.settings.share_span_steps + 1)
 
     def _share(self, hiccups: list[_Hiccup], since: int | None = None) -> float:
-        """The share of the logged time since `since` (`_since`'s step when None) that
-        these hiccups cost."""
+        """The share of the time since `since` (`_since`'s step when None) that these
+        hiccups cost: the logged time, and the steps before the run's first logged one
+        (a run younger than `share_span_steps`) at the typical step's time. A young run's
+        first steps are its noisiest (allocators, caches, data workers starting, all on a
+        busy machine): three waits of 88 ms in its first 33 steps were 3% of their time
+        and named a rank of a clean 60-step run; they are 0.5% of 200 steps."""
         since = self._since(hiccups) if since is None else since
         span_s = sum(t for step, t in self._times if step >= since)
+        unseen = self._times[0][0] - since  # steps before the first logged one, if any
+        if unseen > 0 and len(self._typical) >= _MIN_TYPICAL:
+            span_s += unseen * self._typical.median()
         return sum(h.lost_s for h in hiccups) / span_s
 
     def _raise(self, s: StepView, rank: int, hiccups: list[_Hiccup]) -> Alert:
@@ -288,8 +295,7 @@ class IntermittentStragglerDetector:
                 f"last {self.settings.window_steps} steps (last at steps {steps}): each time "
                 f"it {_DID[column]} and the others waited about "
                 f"{1e3 * lost_s / len(hiccups):.0f} ms for it, {lost_s:.1f} s in all, "
-                f"{100 * share:.0f}% of the logged time since step "
-                f"{max(since, self._times[0][0])}; "
+                f"{100 * share:.0f}% of {self._span_words(since)}; "
                 + self._between(rank, len(hiccups))
                 + " Data: "
                 + data_query(s.run_id, "ranks", column, hiccups[0].step, s.step)
@@ -301,6 +307,16 @@ class IntermittentStragglerDetector:
         )
         self._open[rank] = alert
         return alert
+
+    def _span_words(self, since: int) -> str:
+        """What the share is of, in words (see `_share`)."""
+        first = self._times[0][0]
+        if since >= first:
+            return f"the logged time since step {since}"
+        return (
+            f"the time of the last {self.settings.share_span_steps} steps (this run's "
+            f"{self._times[-1][0] - first + 1} so far, the rest at its typical step)"
+        )
 
     def _between(self, rank: int, hiccups: int) -> str:
         """What the rank did between its hiccups: kept pace, or stayed slow for more steps

@@ -91,7 +91,9 @@ def test_a_rank_waiting_seconds_for_one_batch_in_25_is_named_at_its_third_wait()
     assert "it waited for its data and the others waited about 999 ms for it" in alert.message
     assert "metric=data_time_s&start=100&end=150" in alert.message
     assert "between those steps it made none 1.5x the typical step" in alert.message
-    assert alert.value == pytest.approx(3.0 / (0.1 * 148 + 3 * 1.1), rel=0.02)
+    # of 200 steps' time: the 151 so far (148 typical, 3 waits) and 49 more at 0.1 s
+    assert alert.value == pytest.approx(3.0 / (0.1 * (148 + 49) + 3 * 1.1), rel=0.02)
+    assert "of the time of the last 200 steps (this run's 151 so far, the rest" in alert.message
     assert got[1].start_step == 100
 
 
@@ -325,3 +327,14 @@ def test_a_rank_costing_about_the_share_itself_is_one_episode() -> None:
     assert [(a.rank, a.severity) for a in got] == [(2, "warning")], [
         (a.severity, a.step, a.value) for a in got
     ]
+
+
+def test_a_young_runs_share_counts_the_span_it_has_not_run_yet() -> None:
+    """A clean 60-step run of the reference trainer beside other tests once had rank 0 wait
+    88 ms three times in its first 33 steps: 7% of those steps' time, named. Of the 200
+    steps a share is taken over (`share_span_steps`), the rest at the typical step, they
+    are 1.3%. Waits that cost the share over 200 steps are still named at the third."""
+    assert rows(cohort(60, data={0: (27, 3, 0.088)}, until=34)) == []
+    got = rows(cohort(60, data={0: (20, 10, 0.3)}))
+    assert [(a.kind, a.rank, a.step) for a in got] == [(KIND, 0, 40)]
+    assert "of the time of the last 200 steps (this run's 41 so far" in got[0].message
