@@ -331,9 +331,10 @@ def test_a_rank_costing_about_the_share_itself_is_one_episode() -> None:
 
 def test_a_young_runs_share_counts_the_span_it_has_not_run_yet() -> None:
     """A clean 60-step run of the reference trainer beside other tests once had rank 0 wait
-    88 ms three times in its first 33 steps: 7% of those steps' time, named. Of the 200
-    steps a share is taken over (`share_span_steps`), the rest at the typical step, they
-    are 1.3%. Waits that cost the share over 200 steps are still named at the third."""
+    88 ms three times in its first 33 steps, named. Here, on 0.1 s steps, those waits are
+    7% of the first 34 steps' time; of the 200 steps a share is taken over
+    (`share_span_steps`), the rest at the typical step, 1.3%. Waits that cost the share
+    over 200 steps are still named at the third."""
     assert rows(cohort(60, data={0: (27, 3, 0.088)}, until=34)) == []
     got = rows(cohort(60, data={0: (20, 10, 0.3)}))
     assert [(a.kind, a.rank, a.step) for a in got] == [(KIND, 0, 40)]
